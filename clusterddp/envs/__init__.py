@@ -1,0 +1,49 @@
+"""Cluster environment detection: the order lives here and only here.
+
+Adding a scheduler means one module in this package and one line in ``ORDER``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Mapping
+
+from clusterddp.envs.base import ClusterEnv, Overrides, Placement
+
+#: Tried first to last; the first whose ``detected()`` is true gives the placement.
+ORDER: tuple[str, ...] = (
+    # Explicit CLI flags first: the SSH head and a user starting nodes by hand mean exactly
+    # what they typed, even inside an allocation.
+    "clusterddp.envs.explicit:ExplicitEnv",
+    # An outer launcher (torchrun, Kubeflow) already placed us; it may itself run under SLURM.
+    "clusterddp.envs.torchrun:TorchrunEnv",
+    # Last: one machine, loopback master. Always matches.
+    "clusterddp.envs.local:LocalEnv",
+)
+
+
+def environment_classes() -> list[type[ClusterEnv]]:
+    """The environment classes in detection order (imported on first use)."""
+    classes = []
+    for entry in ORDER:
+        module_name, _, class_name = entry.partition(":")
+        classes.append(getattr(importlib.import_module(module_name), class_name))
+    return classes
+
+
+def detect(env: Mapping[str, str], overrides: Overrides | None = None) -> ClusterEnv:
+    """The first environment in ``ORDER`` that recognises ``env``."""
+    overrides = overrides or Overrides()
+    for cls in environment_classes():
+        candidate = cls(env, overrides)
+        if candidate.detected():
+            return candidate
+    raise AssertionError("unreachable: LocalEnv always matches")
+
+
+def known_environments() -> str:
+    """One line per environment and what it looks for, for ``clusterddp env`` and errors."""
+    return "\n".join(f"  {cls.name:10s} {cls.looks_for}" for cls in environment_classes())
+
+
+__all__ = ["ClusterEnv", "Overrides", "Placement", "ORDER", "detect", "known_environments"]

@@ -1,0 +1,13 @@
+"""Exit codes with a meaning beyond success/failure, shared by the launcher and the helpers.
+
+Kept free of imports so the launcher can read them without torch.
+"""
+
+#: A worker saved a checkpoint after a preemption signal and asks to be requeued (EX_TEMPFAIL).
+PREEMPTED = 75
+
+#: The launcher tore the job down because no rank made progress for ``hang_timeout`` seconds.
+HANG = 124
+
+#: Bad input: a broken job file, an unknown key, unreachable host found by preflight.
+USAGE = 2

@@ -1,0 +1,169 @@
+"""Where every worker of the job sits, and the exact env each worker gets.
+
+``resolve`` combines what the cluster environment says (``Placement``) with the job file;
+``Topology.worker_env`` is the one function that does rank arithmetic. It emits torchrun's
+names so a torchrun script cannot tell the difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from clusterddp.devices import cpu_count, gpu_count
+from clusterddp.envs.base import Placement
+from clusterddp.errors import EnvironmentDetectionError, LaunchError
+from clusterddp.spec import JobSpec
+
+#: Derived master ports fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the well-known and
+#: registered ranges people configure by hand, below Linux's default ephemeral range (32768+),
+#: so a derived port does not collide with outgoing connections' ports.
+PORT_BASE = 20000
+PORT_SPAN = 12000
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The job's shape as seen from this node."""
+
+    env: str
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    backend: str
+    host: str
+    hosts: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        """global rank = node_rank * nproc_per_node + local_rank."""
+        return self.node_rank * self.nproc_per_node + local_rank
+
+    def node_ranks(self, node_rank: int | None = None) -> range:
+        """Global ranks of one node (this one by default)."""
+        node = self.node_rank if node_rank is None else node_rank
+        return range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node)
+
+    def worker_env(self, local_rank: int, restart_count: int = 0, max_restarts: int = 0,
+                   error_file: str | None = None) -> dict[str, str]:
+        """The torchrun env contract for one worker (plus NODE_RANK and CLUSTERDDP_BACKEND).
+
+        Steps: rank = node_rank * nproc_per_node + local_rank; the worker group is this node,
+        so GROUP_RANK = node_rank and GROUP_WORLD_SIZE = nnodes; there is one role
+        ('default', as torchrun), so ROLE_RANK = RANK and ROLE_WORLD_SIZE = WORLD_SIZE.
+        """
+        if not 0 <= local_rank < self.nproc_per_node:
+            raise ValueError(f"local_rank {local_rank} outside 0..{self.nproc_per_node - 1}")
+        rank = self.global_rank(local_rank)
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+            "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.nnodes),
+            "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "NODE_RANK": str(self.node_rank),
+            "CLUSTERDDP_BACKEND": self.backend,
+        }
+        if error_file is not None:
+            env["TORCHELASTIC_ERROR_FILE"] = error_file
+        return env
+
+
+def derive_port(run_id: str) -> int:
+    """A port every node computes alike from the run id, without talking to the others."""
+    digest = hashlib.sha256(run_id.encode()).digest()
+    return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A port the kernel says is free now (single node: nobody else needs to agree)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Fail early, with one line, when the master port is taken on this (master) node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((addr, port))
+        except OSError as exc:
+            raise LaunchError(f"master port {port} on {addr} is not available: {exc.strerror}",
+                              "choose another with --master-port or master.port in the job file") from None
+
+
+def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str]) -> int:
+    """Workers on this node: the job's number, else what the scheduler gave, else devices."""
+    request = job.nproc_per_node
+    if isinstance(request, int):
+        return request
+    if request == "cpu":
+        return cpu_count()
+    if placement.nproc_per_node:
+        return placement.nproc_per_node
+    gpus = gpu_count(env)
+    if request == "gpu":
+        if gpus == 0:
+            raise EnvironmentDetectionError("nproc_per_node is 'gpu' but this node has no visible GPU",
+                                            "use 'auto' or a number to run on CPU slots")
+        return gpus
+    return gpus or cpu_count()  # 'auto', as torchrun: GPUs if any, else CPU cores
+
+
+def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
+            master_port: int | None = None) -> Topology:
+    """Combine the environment's placement with the job file into this node's Topology.
+
+    Precedence for the master: the environment's answer, then the job file's ``master``;
+    for the port, then (one node) a free port or (several nodes) one derived from the run id.
+    """
+    nproc = resolve_nproc(job, placement, env)
+    run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or _default_run_id(job, placement)
+    addr = placement.master_addr or job.master.addr
+    if addr is None:
+        raise EnvironmentDetectionError(
+            f"{placement.env}: no master address for a {placement.nnodes}-node job",
+            "give --master-addr or master.addr in the job file")
+    port = master_port or placement.master_port or job.master.port
+    if port is None:
+        port = free_port() if placement.nnodes == 1 and _is_loopback(addr) else derive_port(run_id)
+    gpus = gpu_count(env)
+    backend = job.backend if job.backend != "auto" else ("nccl" if gpus > 0 else "gloo")
+    return Topology(env=placement.env, nnodes=placement.nnodes, node_rank=placement.node_rank,
+                    nproc_per_node=nproc, master_addr=addr, master_port=port, run_id=run_id,
+                    backend=backend, host=socket.gethostname(), hosts=placement.hosts,
+                    notes=placement.notes)
+
+
+def _default_run_id(job: JobSpec, placement: Placement) -> str:
+    # Several nodes started by hand must agree on the run id (it seeds the port), so it is the
+    # job name; one node gets a unique id so its logs do not overwrite the last run's.
+    if placement.nnodes > 1:
+        return job.name
+    return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in ("localhost", "::1") or addr.startswith("127.")
