@@ -1,0 +1,236 @@
+"""The ``clusterddp`` command: parse, build a config, hand over. No logic lives here.
+
+Every user error (a ``ClusterDDPError``) becomes one line on stderr and a non-zero exit, never
+a traceback. Flags fall back to ``CLUSTERDDP_<FLAG>`` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from dataclasses import asdict, replace
+from typing import Sequence
+
+from clusterddp import __version__
+from clusterddp.errors import ClusterDDPError
+
+SCHEDULER_ACTIONS = ("render", "submit", "status", "stop")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script and ``python -m clusterddp``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except ClusterDDPError as exc:
+        print(f"clusterddp: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("clusterddp: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _dispatch(argv: list[str]) -> int:
+    command, extra = _split_command(argv)
+    parser = build_parser()
+    if len(argv) >= 1 and argv[0] in SCHEDULER_ACTIONS:
+        # `clusterddp submit slurm JOB ...`: the scheduler module parses its own flags.
+        args, rest = parser.parse_known_args(argv[:2])
+        from clusterddp.schedulers import get_scheduler
+
+        return int(get_scheduler(args.scheduler).main(args.command, argv[2:]))
+    args = parser.parse_args(command)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    args.script_command = extra
+    if args.command == "run":
+        return _run(args)
+    if args.command == "env":
+        return _env(args)
+    if args.command == "stacks":
+        from clusterddp.diagnose.stacks import stacks_main
+
+        return stacks_main(args)
+    if args.command == "doctor":
+        from clusterddp.diagnose.doctor import doctor_main
+
+        return doctor_main(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``run [flags] -- train.py --lr 0.1``: what follows ``--`` is the worker's command."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _nproc(value: str) -> int | str:
+    if value in ("auto", "gpu", "cpu"):
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, 'auto', 'gpu' or 'cpu', got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def _ranks(value: str) -> frozenset[int]:
+    try:
+        return frozenset(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ranks like 0,3, got {value!r}") from None
+
+
+def _env_default(name: str, cast=str):  # type: ignore[no-untyped-def]
+    raw = os.environ.get(f"CLUSTERDDP_{name}")
+    return cast(raw) if raw not in (None, "") else None
+
+
+def _add_placement_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("placement (override the detected cluster environment)")
+    group.add_argument("--nproc-per-node", type=_nproc, default=_env_default("NPROC_PER_NODE", _nproc),
+                       help="workers on this node: a number, auto, gpu or cpu")
+    group.add_argument("--nnodes", type=int, default=_env_default("NNODES", int))
+    group.add_argument("--node-rank", type=int, default=_env_default("NODE_RANK", int))
+    group.add_argument("--master-addr", default=_env_default("MASTER_ADDR"))
+    group.add_argument("--master-port", type=int, default=_env_default("MASTER_PORT", int))
+    group.add_argument("--run-id", default=_env_default("RUN_ID"),
+                       help="names the log dir and seeds the derived master port")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clusterddp",
+        description="Run one PyTorch DDP job file here, over SSH, on SLURM or on OpenPAI.")
+    parser.add_argument("--version", action="version", version=f"clusterddp {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="start the job's workers on this node (or on every host of a hostfile)",
+                         description="Start the job. 'clusterddp run --nproc-per-node 2 -- train.py --lr 0.1' "
+                                     "runs a script without a job file, like torchrun.")
+    run.add_argument("job", nargs="?", help="job file (jobs/*.yaml)")
+    _add_placement_flags(run)
+    ssh = run.add_argument_group("SSH fan-out")
+    ssh.add_argument("--hostfile", default=_env_default("HOSTFILE"),
+                     help="hosts to fan out to: 'host', 'host slots=N' or 'host:N' per line")
+    ssh.add_argument("--include", action="append", default=[], help="only these hosts (repeatable)")
+    ssh.add_argument("--exclude", action="append", default=[], help="not these hosts (repeatable)")
+    opts = run.add_argument_group("supervision and logs")
+    opts.add_argument("--dry-run", action="store_true", help="print ranks, commands and env; start nothing")
+    opts.add_argument("--restarts", type=int, help="restart the local group up to N times")
+    opts.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL at teardown")
+    opts.add_argument("--python", help="interpreter for the workers (default: this one)")
+    opts.add_argument("--log-dir", help="per-rank log files go to DIR/<run-id>/")
+    opts.add_argument("--log-ranks", type=_ranks, help="show only these ranks on the console, e.g. 0,1")
+    opts.add_argument("--no-prefix", action="store_true", help="no [host rank R] prefix on console lines")
+    internal = run.add_argument_group("used by the SSH head on remote hosts")
+    internal.add_argument("--watch-stdin", action="store_true",
+                          help="stop the workers when stdin closes or its heartbeat stops")
+    internal.add_argument("--heartbeat-timeout", type=float, default=6.0)
+    internal.add_argument("--report-json", action="store_true", help="print a CLUSTERDDP_RESULT line at the end")
+
+    env = sub.add_parser("env", help="show the detected cluster environment and the topology it gives")
+    env.add_argument("job", nargs="?", help="job file (for nproc_per_node, master)")
+    env.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_placement_flags(env)
+
+    stacks = sub.add_parser("stacks", help="dump every worker's Python stack of a running job")
+    stacks.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
+    stacks.add_argument("--log-dir", default="logs")
+    stacks.add_argument("--timeout", type=float, default=10.0)
+
+    doctor = sub.add_parser("doctor", help="preflight every node and measure all_reduce across them")
+    doctor.add_argument("job")
+    doctor.add_argument("--hostfile")
+
+    for action in SCHEDULER_ACTIONS:
+        p = sub.add_parser(action, help=f"{action} the job on a scheduler (slurm, openpai)", add_help=False)
+        p.add_argument("scheduler", help="slurm or openpai")
+    return parser
+
+
+def _load(args: argparse.Namespace):  # -> JobSpec
+    from clusterddp.spec import job_from_command, load_job
+
+    if args.job and args.script_command:
+        raise ClusterDDPError("give a job file or a command after '--', not both")
+    job = load_job(args.job) if args.job else job_from_command(args.script_command)
+    changes: dict[str, object] = {"nproc_per_node": args.nproc_per_node}
+    for name in ("restarts", "grace_period", "python"):
+        changes[name] = getattr(args, name, None)
+    logs = job.logs
+    if getattr(args, "log_dir", None):
+        logs = replace(logs, dir=args.log_dir)
+    if getattr(args, "log_ranks", None) is not None:
+        logs = replace(logs, ranks=tuple(sorted(args.log_ranks)))
+    if getattr(args, "no_prefix", False):
+        logs = replace(logs, prefix=False)
+    return job.with_overrides(logs=logs, **changes)
+
+
+def _overrides(args: argparse.Namespace):  # -> Overrides
+    from clusterddp.envs import Overrides
+
+    return Overrides(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                     master_port=args.master_port, run_id=args.run_id)
+
+
+def _wants_fanout(job, args: argparse.Namespace, overrides) -> bool:  # type: ignore[no-untyped-def]
+    if args.hostfile:
+        return True
+    return bool(job.ssh.hosts or job.ssh.hostfile) and not overrides.any_given
+
+
+def _run(args: argparse.Namespace) -> int:
+    job = _load(args)
+    overrides = _overrides(args)
+    if _wants_fanout(job, args, overrides):
+        from clusterddp.launch.ssh.fanout import run_fanout_from_cli
+
+        return run_fanout_from_cli(job, args)
+    from clusterddp.launch.local import run_local
+
+    return run_local(job, overrides, args, dict(os.environ))
+
+
+def _env(args: argparse.Namespace) -> int:
+    from clusterddp.envs import detect, known_environments
+    from clusterddp.spec import JobSpec
+    from clusterddp.topology import resolve
+
+    args.script_command = []
+    job = _load(args) if args.job else JobSpec(name="env", script="-", nproc_per_node=args.nproc_per_node or "auto")
+    environment = detect(dict(os.environ), _overrides(args))
+    placement = environment.placement()
+    topology = resolve(job, placement, dict(os.environ), master_port=args.master_port)
+    if args.json:
+        data = asdict(topology)
+        data["world_size"] = topology.world_size
+        data["hosts"] = list(topology.hosts)
+        data["notes"] = list(topology.notes)
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"environment: {topology.env}")
+    for key in ("nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr", "master_port",
+                "run_id", "backend", "host"):
+        print(f"  {key:15s} {getattr(topology, key)}")
+    if topology.hosts:
+        print(f"  {'hosts':15s} {','.join(topology.hosts)}")
+    for note in topology.notes:
+        print(f"  note: {note}")
+    print("known environments, in detection order:")
+    print(known_environments())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

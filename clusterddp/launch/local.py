@@ -1,0 +1,72 @@
+"""``clusterddp run`` on one node: detect, resolve, plan, then supervise (or only print)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Mapping
+
+from clusterddp.envs import Overrides, detect
+from clusterddp.launch import plan as planning
+from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
+from clusterddp.spec import JobSpec
+from clusterddp.topology import Topology, check_port_free, resolve
+
+
+def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str]) -> tuple[Topology, list[str] | None]:
+    """This node's topology, and the command to exec instead when the environment asks
+    (SLURM's batch script re-launches itself with srun on every node)."""
+    environment = detect(env, overrides)
+    relaunch = environment.relaunch(list(sys.argv))
+    placement = environment.placement()
+    return resolve(job, placement, env, master_port=overrides.master_port), relaunch
+
+
+def supervisor_options(job: JobSpec, args: argparse.Namespace) -> SupervisorOptions:
+    return SupervisorOptions(
+        job_name=job.name,
+        grace_period=job.grace_period,
+        restarts=job.restarts,
+        forward_signals=tuple(getattr(signal, name) for name in job.forward_signals),
+        console_ranks=frozenset(job.logs.ranks) if job.logs.ranks is not None else None,
+        prefix=job.logs.prefix,
+        watch_stdin=getattr(args, "watch_stdin", False),
+        heartbeat_timeout=getattr(args, "heartbeat_timeout", 6.0),
+        report_json=getattr(args, "report_json", False),
+    )
+
+
+def run_local(job: JobSpec, overrides: Overrides, args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Start and supervise this node's workers; return the launcher's exit code."""
+    topology, relaunch = resolve_here(job, overrides, env)
+    cwd = os.getcwd()
+    plans = planning.worker_plans(job, topology, env, cwd)
+    if args.dry_run:
+        if relaunch:
+            print("would re-launch on every node: " + " ".join(relaunch))
+        print(planning.dry_run_text(job, topology, plans, env))
+        return 0
+    if relaunch:
+        sys.stdout.flush()
+        os.execvp(relaunch[0], relaunch)
+    planning.check_runnable(job, plans)
+    if topology.node_rank == 0 and (overrides.master_port or job.master.port) and _is_local(topology.master_addr):
+        check_port_free("", topology.master_port)
+    planning.prepare_logs(plans)
+    for note in topology.notes:
+        print(f"clusterddp: note: {note}", file=sys.stderr)
+    return LocalSupervisor(topology, plans, supervisor_options(job, args)).run()
+
+
+def _is_local(addr: str) -> bool:
+    """True when ``addr`` belongs to this machine (so its port can be checked here)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, 0))
+            return True
+        except OSError:
+            return False

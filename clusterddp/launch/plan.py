@@ -1,0 +1,106 @@
+"""From a job and this node's topology to the exact argv, env and files of each worker.
+
+Kept apart from the supervisor so ``--dry-run`` shows precisely what ``run`` would start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping
+
+from clusterddp.devices import cpu_count
+from clusterddp.errors import LaunchError
+from clusterddp.launch.supervisor import WorkerPlan
+from clusterddp.spec import JobSpec
+from clusterddp.topology import Topology
+
+
+def interpreter(job: JobSpec) -> str:
+    """The job's ``python:`` or the launcher's own interpreter."""
+    return job.python or sys.executable
+
+
+def run_dir(job: JobSpec, topology: Topology, cwd: str) -> str:
+    """``<logs.dir>/<run-id>``; a relative logs.dir starts at the launcher's cwd."""
+    return os.path.join(cwd, job.logs.dir, topology.run_id)
+
+
+def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], cwd: str) -> list[WorkerPlan]:
+    """One WorkerPlan per local rank.
+
+    Env layering, later wins: the launcher's env, then defaults (OMP_NUM_THREADS = cores /
+    workers, PYTHONUNBUFFERED) only where unset, then the job's ``env:``, then the torchrun
+    contract (a job cannot accidentally override RANK or MASTER_ADDR).
+    """
+    workdir = os.path.abspath(os.path.join(cwd, job.workdir)) if job.workdir else cwd
+    logs = run_dir(job, topology, cwd)
+    argv = (interpreter(job), *job.entry_argv())
+    defaults = {
+        "OMP_NUM_THREADS": str(max(1, cpu_count() // topology.nproc_per_node)),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # as torchrun: a dead peer raises, not hangs
+    }
+    plans = []
+    for local_rank in range(topology.nproc_per_node):
+        rank = topology.global_rank(local_rank)
+        error_file = os.path.join(logs, f"rank{rank}.error.json")
+        env = dict(base_env)
+        for key, value in defaults.items():
+            env.setdefault(key, value)
+        env.update(job.env)
+        env.update(topology.worker_env(local_rank, 0, job.restarts, error_file))
+        plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir,
+                                log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file))
+    return plans
+
+
+def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
+    """Fail before starting anything when the interpreter or the workdir is missing."""
+    if not plans:
+        return
+    python = plans[0].argv[0]
+    if os.sep in python and not os.access(python, os.X_OK):
+        raise LaunchError(f"{job.source or 'job'}: python: {python} is not an executable file")
+    if not os.path.isdir(plans[0].cwd):
+        raise LaunchError(f"{job.source or 'job'}: workdir: {plans[0].cwd} is not a directory")
+
+
+def prepare_logs(plans: list[WorkerPlan]) -> None:
+    for plan in plans:
+        os.makedirs(os.path.dirname(plan.log), exist_ok=True)
+        open(plan.log, "wb").close()
+
+
+def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base_env: Mapping[str, str]) -> str:
+    """The topology table and, per worker, argv and the env that differs from the launcher's."""
+    lines = [
+        f"job {job.name}: {topology.nnodes} node(s) x {topology.nproc_per_node} worker(s) = "
+        f"world size {topology.world_size}, backend {topology.backend}",
+        f"environment: {topology.env}; master {topology.master_addr}:{topology.master_port}; "
+        f"run id {topology.run_id}",
+    ]
+    lines.extend(f"note: {note}" for note in topology.notes)
+    lines.append("")
+    lines.append(f"{'node rank':>9}  {'host':<24} global ranks")
+    for node in range(topology.nnodes):
+        host = topology.hosts[node] if node < len(topology.hosts) else (
+            topology.host if node == topology.node_rank else "?")
+        ranks = topology.node_ranks(node)
+        mark = "  <- this node" if node == topology.node_rank else ""
+        lines.append(f"{node:>9}  {host:<24} {ranks.start}-{ranks.stop - 1}{mark}")
+    for plan in plans:
+        lines.append("")
+        lines.append(f"rank {plan.rank} (local {plan.local_rank}): cd {plan.cwd}")
+        lines.append("  argv: " + " ".join(_quote(a) for a in plan.argv))
+        lines.append(f"  log:  {plan.log}")
+        for key in sorted(plan.env):
+            if base_env.get(key) != plan.env[key]:
+                lines.append(f"  {key}={plan.env[key]}")
+    return "\n".join(lines)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)

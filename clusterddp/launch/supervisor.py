@@ -1,0 +1,277 @@
+"""The local supervisor: N workers on this node; one fails, all stop; nothing left running.
+
+Follows torch elastic's shape (a process group per worker, SIGTERM then SIGKILL after a grace
+period, signals turned into an orderly stop) and goes beyond it: workers die with the
+launcher (PDEATHSIG + a reaper), whole process trees are reaped, and the report names the
+host, rank, log and last lines of the first failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from clusterddp import exitcodes
+from clusterddp.launch import procs
+from clusterddp.launch.logs import ConsoleSink, WorkerOutput
+from clusterddp.launch.report import WorkerExit, format_report, read_error_file
+from clusterddp.topology import Topology
+
+#: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Longest pause between restarts of the local group.
+MAX_BACKOFF = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything needed to start one worker; built once, reused on restarts."""
+
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    log: str
+    error_file: str
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """How to supervise; filled from the job file and CLI flags."""
+
+    job_name: str
+    grace_period: float = 5.0
+    restarts: int = 0
+    forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
+    console_ranks: frozenset[int] | None = None
+    prefix: bool = True
+    #: Stop when stdin reaches EOF or stays silent this long (the SSH head's heartbeat).
+    watch_stdin: bool = False
+    heartbeat_timeout: float = 6.0
+    #: Print one machine-readable result line at the end (for the SSH head).
+    report_json: bool = False
+
+
+@dataclass
+class _Worker:
+    plan: WorkerPlan
+    proc: object  # subprocess.Popen[bytes]
+    output: WorkerOutput
+    pgid: int
+    exit: WorkerExit | None = None
+
+
+class StopRequested(Exception):
+    """Raised inside the run loop when a signal or the SSH session asks us to stop."""
+
+
+@dataclass
+class LocalSupervisor:
+    """Runs the workers of this node until they all succeed, one fails, or we are told to stop."""
+
+    topology: Topology
+    plans: list[WorkerPlan]
+    options: SupervisorOptions
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _stop_reason: str | None = None
+    _stop_signal: int | None = None
+    _workers: list[_Worker] = field(default_factory=list)
+
+    def run(self) -> int:
+        """Supervise to the end and return the launcher's exit code."""
+        reaper = procs.Reaper()
+        previous = self._install_signal_handlers()
+        if self.options.watch_stdin:
+            self._start_stdin_watch()
+        try:
+            code, exits, root = self._run_with_restarts(reaper)
+        finally:
+            self._restore_signal_handlers(previous)
+            reaper.close()
+        report = format_report(self.options.job_name, exits, root,
+                               self._stop_reason if code != 0 else None)
+        if report:
+            print(report, file=sys.stderr, flush=True)
+        if self.options.report_json:
+            result = {"exit_code": code, "host": self.topology.host,
+                      "root_cause": root.to_json() if root else None, "reason": self._stop_reason}
+            print("CLUSTERDDP_RESULT " + json.dumps(result), flush=True)
+        return code
+
+    def request_stop(self, reason: str, signum: int | None = None) -> None:
+        """Ask the run loop to tear everything down (safe from signal handlers and threads)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self._stop_signal = signum
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run_with_restarts(self, reaper: procs.Reaper) -> tuple[int, list[WorkerExit], WorkerExit | None]:
+        attempt = 0
+        while True:
+            exits, root = self._run_once(reaper, attempt)
+            if root is None and self._stop_reason is None:
+                return 0, exits, None
+            if root is not None and self._stop_reason is None and attempt < self.options.restarts \
+                    and root.exit_code != exitcodes.PREEMPTED:
+                attempt += 1
+                backoff = min(float(2 ** (attempt - 1)), MAX_BACKOFF)
+                print(f"clusterddp: rank {root.rank} on {root.host} {root.outcome()}; restarting the "
+                      f"local group in {backoff:.0f}s (restart {attempt} of {self.options.restarts})",
+                      file=sys.stderr, flush=True)
+                if self._wake.wait(backoff) and self._stop_reason is not None:
+                    return self._stop_code(root), exits, root
+                self._wake.clear()
+                continue
+            return self._stop_code(root), exits, root
+
+    def _stop_code(self, root: WorkerExit | None) -> int:
+        if root is not None:
+            return root.exit_code or 1
+        if self._stop_signal is not None:
+            return 128 + self._stop_signal
+        return 1
+
+    def _run_once(self, reaper: procs.Reaper, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
+        self._workers = []
+        try:
+            for plan in self.plans:
+                if self._stop_reason is not None:
+                    break
+                self._workers.append(self._start(plan, attempt, reaper))
+            root = self._watch()
+        finally:
+            self._teardown()
+        return [w.exit for w in self._workers if w.exit is not None], root
+
+    def _start(self, plan: WorkerPlan, attempt: int, reaper: procs.Reaper) -> _Worker:
+        env = dict(plan.env)
+        env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+        try:
+            os.unlink(plan.error_file)
+        except FileNotFoundError:
+            pass
+        output = WorkerOutput(plan.rank, self.topology.host, plan.log, ConsoleSink(
+            prefix=self.options.prefix, ranks=self.options.console_ranks))
+        proc = procs.spawn(plan.argv, env, plan.cwd)
+        reaper.watch(proc.pid)
+        output.pump(proc.stdout, proc.stderr)
+        return _Worker(plan=plan, proc=proc, output=output, pgid=proc.pid)
+
+    def _watch(self) -> WorkerExit | None:
+        """Wait until all succeed (None) or the first failure (returned) or a stop request."""
+        while True:
+            if self._stop_reason is not None:
+                return None
+            failed = self._collect_exits()
+            if failed:
+                return min(failed, key=lambda e: e.at)
+            if all(w.exit is not None for w in self._workers):
+                return None
+            self._check_heartbeat()
+            self._wake.wait(0.1)
+            self._wake.clear()
+
+    def _collect_exits(self) -> list[WorkerExit]:
+        failed = []
+        for worker in self._workers:
+            if worker.exit is None and worker.proc.poll() is not None:
+                worker.exit = self._exit_of(worker, stopped_by_us=False)
+                if worker.exit.returncode != 0:
+                    failed.append(worker.exit)
+        return failed
+
+    def _exit_of(self, worker: _Worker, stopped_by_us: bool) -> WorkerExit:
+        return WorkerExit(host=self.topology.host, rank=worker.plan.rank, local_rank=worker.plan.local_rank,
+                          pid=worker.proc.pid, returncode=worker.proc.returncode, log=worker.plan.log,
+                          at=time.time(), stopped_by_us=stopped_by_us)
+
+    def _teardown(self) -> None:
+        """SIGTERM every group, wait the grace period, SIGKILL what is left, reap trees."""
+        trees = {w.pgid: procs.descendants(w.proc.pid) for w in self._workers}
+        live = [w for w in self._workers if w.proc.poll() is None]
+        for worker in live:
+            procs.signal_group(worker.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.options.grace_period
+        for worker in live:
+            try:
+                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # subprocess.TimeoutExpired: handled by SIGKILL below
+                pass
+        # SIGKILL every group (also of workers that exited: their children may linger),
+        # then any descendant that left its group (setsid daemons, double forks).
+        for worker in self._workers:
+            procs.signal_group(worker.pgid, signal.SIGKILL)
+        for tree in trees.values():
+            procs.kill_processes(tree)
+        procs.wait_groups_gone([w.pgid for w in self._workers], time.monotonic() + 2.0)
+        for worker in self._workers:
+            worker.proc.wait()
+            if worker.exit is None:
+                worker.exit = self._exit_of(worker, stopped_by_us=True)
+            worker.output.close()
+            if worker.exit.returncode != 0 and not worker.exit.stopped_by_us:
+                worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
+
+    # -- signals and the SSH session ------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, object]:
+        previous: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, self._on_stop_signal)
+        for sig in self.options.forward_signals:
+            previous[sig] = signal.signal(sig, self._on_forward_signal)
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: self._wake.set())
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, object]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def _on_stop_signal(self, signum: int, _frame: object) -> None:
+        self.request_stop(f"the launcher received {signal.Signals(signum).name}", signum)
+
+    def _on_forward_signal(self, signum: int, _frame: object) -> None:
+        # To the worker process only, not its group: SIGUSR1's default action would kill
+        # DataLoader workers that never asked for it.
+        for worker in self._workers:
+            if worker.proc.poll() is None:
+                try:
+                    os.kill(worker.proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _start_stdin_watch(self) -> None:
+        self._last_heartbeat = time.monotonic()
+
+        def watch() -> None:
+            stream = sys.stdin.buffer
+            while True:
+                try:
+                    chunk = stream.read1(4096)
+                except (OSError, ValueError):
+                    chunk = b""
+                if not chunk:
+                    self.request_stop("the SSH session to the head closed (stdin EOF)")
+                    return
+                self._last_heartbeat = time.monotonic()
+
+        threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
+
+    def _check_heartbeat(self) -> None:
+        if not self.options.watch_stdin:
+            return
+        silent = time.monotonic() - self._last_heartbeat
+        if silent > self.options.heartbeat_timeout:
+            self.request_stop(f"no heartbeat from the head for {silent:.0f}s (link lost?)")
