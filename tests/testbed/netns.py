@@ -1,0 +1,374 @@
+"""An SSH cluster on one machine: one network namespace and one real sshd per "host".
+
+Layout (see ../shared/TESTBEDS.md for the measured facts behind it)::
+
+    root namespace: bridge cdsshbr0 10.78.0.1/24
+      ├─ veth cdsshv1 ── netns cdssh1: eth0 10.78.0.2/24, sshd on 10.78.0.2:22, hostname cdssh1
+      ├─ veth cdsshv2 ── netns cdssh2: eth0 10.78.0.3/24, ...
+      ...
+
+Each sshd has its own host key; one generated client key is authorised everywhere; a
+generated ``ssh_config`` maps host names to addresses (names are never resolved through
+the system resolver) and a ``known_hosts`` file lists every host key, so paramiko and
+OpenSSH both run with strict host-key checking. Hosts share the PID space and the
+filesystem, like nodes with a shared NFS home; "what runs on host K" is answered by each
+process's ``/proc/PID/ns/net``.
+
+One lab at a time per machine: ``ssh_lab`` holds an exclusive lock on ``/run/cdssh.lock``
+for its whole life, and first removes what a crashed earlier lab may have left (namespaces
+named ``cdssh*``, the bridge, processes inside those namespaces, which only labs start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+PREFIX = "cdssh"
+BRIDGE = f"{PREFIX}br0"
+SUBNET = "10.78.0"
+BRIDGE_IP = f"{SUBNET}.1"
+LOCK_FILE = "/run/cdssh.lock"
+NETNS_DIR = "/var/run/netns"
+SSHD = "/usr/sbin/sshd"
+MAX_HOSTS = 200
+
+SSHD_CONFIG = """\
+ListenAddress {ip}
+Port 22
+HostKey {host_key}
+PidFile {pidfile}
+AuthorizedKeysFile {authorized_keys}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+PrintLastLog no
+UseDNS no
+MaxStartups 200:30:400
+MaxSessions 20
+ClientAliveInterval 5
+ClientAliveCountMax 3
+LogLevel ERROR
+"""
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One "host": a network namespace with an address on the bridge and an sshd."""
+
+    name: str
+    ip: str
+    netns: str
+    #: The root-namespace end of the host's veth: ``ip link set <veth> down`` cuts the host off.
+    veth: str
+    sshd_pid: int
+
+    @property
+    def netns_path(self) -> str:
+        return f"{NETNS_DIR}/{self.netns}"
+
+    def netns_inode(self) -> int:
+        return os.stat(self.netns_path).st_ino
+
+
+@dataclass
+class SSHLab:
+    """A running lab: hosts, and the files a client needs to reach them strictly."""
+
+    root: Path
+    hosts: list[LabHost]
+    ssh_config: Path
+    known_hosts: Path
+    client_key: Path
+    hostfile: Path
+    _cut: set[str] = field(default_factory=set)
+
+    def host(self, name_or_index: str | int) -> LabHost:
+        """A host by name (``cdssh3``) or by 0-based index."""
+        if isinstance(name_or_index, int):
+            return self.hosts[name_or_index]
+        for host in self.hosts:
+            if host.name == name_or_index:
+                return host
+        raise KeyError(name_or_index)
+
+    def processes(self, host: LabHost, include_sshd: bool = False) -> list[int]:
+        """PIDs of processes running in ``host``'s namespace (sshd excluded unless asked).
+
+        sshd is the host's daemon, not part of any job: its per-connection children may
+        outlive a cut link until ClientAlive gives up, and are not what tests ask about.
+        """
+        return [pid for pid in pids_in_netns(host.netns_inode())
+                if include_sshd or not _is_sshd(pid)]
+
+    def job_processes(self) -> dict[str, list[int]]:
+        """Every host's non-sshd processes; empty lists everywhere means "nothing left"."""
+        return {h.name: self.processes(h) for h in self.hosts}
+
+    def wait_clean(self, timeout: float) -> tuple[bool, float, dict[str, list[int]]]:
+        """Poll until no job process is left on any host; returns (clean, seconds, leftovers)."""
+        start = time.monotonic()
+        while True:
+            left = {k: v for k, v in self.job_processes().items() if v}
+            elapsed = time.monotonic() - start
+            if not left or elapsed > timeout:
+                return not left, elapsed, left
+            time.sleep(0.05)
+
+    def cut(self, host: LabHost) -> None:
+        """Take the host's link down, as if its cable were pulled."""
+        _ip("link", "set", host.veth, "down")
+        self._cut.add(host.name)
+
+    def restore(self, host: LabHost) -> None:
+        _ip("link", "set", host.veth, "up")
+        self._cut.discard(host.name)
+
+    def run_in(self, host: LabHost, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess:
+        """Run a command inside a host's network namespace (no ssh involved)."""
+        return subprocess.run(["nsenter", f"--net={host.netns_path}", *argv], **kwargs)  # type: ignore[call-overload]
+
+    def stop_sshd(self, host: LabHost) -> None:
+        """Stop one host's sshd (the namespace stays): the host becomes unreachable by ssh."""
+        _terminate([host.sshd_pid])
+
+    def write_ssh_config(self, path: Path, hosts: Sequence[LabHost], **options: str) -> Path:
+        """An ssh_config for ``hosts`` with extra options for every host (e.g. a wrong key file)."""
+        path.write_text("".join(_ssh_config_block(h, self, options) for h in hosts))
+        return path
+
+
+def lab_unavailable_reason() -> str | None:
+    """Why a lab cannot run here (None when it can): tests skip with this reason."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, sshd)"
+    for tool in ("ip", "nsenter", "unshare", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    if not os.path.exists(SSHD):
+        return f"{SSHD} not found (apt-get install openssh-server)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ip netns unavailable: {probe.stderr.strip()}"
+    return None
+
+
+@contextlib.contextmanager
+def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None) -> Iterator[SSHLab]:
+    """Bring up ``n_hosts`` sshd hosts on a bridge; tear everything down on exit.
+
+    Hosts are ``cdssh1..N`` at ``10.78.0.2..N+1``; the head (this process, in the root
+    namespace) is ``10.78.0.1``. ``lab.hostfile`` lists the host names, one per line.
+    """
+    if not 1 <= n_hosts <= MAX_HOSTS:
+        raise ValueError(f"n_hosts must be 1..{MAX_HOSTS}, got {n_hosts}")
+    reason = lab_unavailable_reason()
+    if reason:
+        raise RuntimeError(f"cannot build an SSH lab: {reason}")
+    lock = open(LOCK_FILE, "w")  # noqa: SIM115 (held for the lab's life; not inherited: O_CLOEXEC)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    root = Path(tempfile.mkdtemp(prefix="cdssh-lab-", dir=workdir))
+    sshd_pids: list[int] = []
+    try:
+        remove_leftovers()
+        lab = _bring_up(n_hosts, root, sshd_pids)
+        yield lab
+    finally:
+        _terminate(sshd_pids)
+        remove_leftovers()
+        shutil.rmtree(root, ignore_errors=True)
+        lock.close()
+
+
+def remove_leftovers() -> None:
+    """Kill processes inside ``cdssh*`` namespaces, delete those namespaces and the bridge."""
+    names = [n for n in _netns_names() if n.startswith(PREFIX)]
+    inodes = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"{NETNS_DIR}/{name}").st_ino)
+    if inodes:
+        _terminate([pid for ino in inodes for pid in pids_in_netns(ino)], grace=1.0)
+    if names:
+        _ip_batch([f"netns del {n}" for n in names])
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        _ip("link", "del", BRIDGE, check=False)
+
+
+def pids_in_netns(inode: int) -> list[int]:
+    """PIDs whose network namespace is the one with this nsfs inode."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry.name}/ns/net").st_ino == inode:
+                found.append(int(entry.name))
+        except OSError:  # exited meanwhile, or a kernel thread
+            continue
+    return found
+
+
+def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
+    hosts_dir = root / "hosts"
+    hosts_dir.mkdir()
+    client_key = root / "client_key"
+    _keygen(client_key)
+    authorized = root / "authorized_keys"
+    authorized.write_text(Path(f"{client_key}.pub").read_text())
+    names = [f"{PREFIX}{k}" for k in range(1, n_hosts + 1)]
+    ips = [f"{SUBNET}.{k + 1}" for k in range(1, n_hosts + 1)]
+    etc_hosts = root / "etc_hosts"
+    etc_hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {n}\n" for n, ip in zip(names, ips)))
+
+    commands = [f"link add {BRIDGE} type bridge", f"addr add {BRIDGE_IP}/24 dev {BRIDGE}",
+                f"link set {BRIDGE} up"]
+    for k, name in enumerate(names, start=1):
+        commands += [f"netns add {name}",
+                     f"link add {PREFIX}v{k} type veth peer name eth0 netns {name}",
+                     f"link set {PREFIX}v{k} master {BRIDGE} up"]
+    _ip_batch(commands)
+    for name, ip in zip(names, ips):
+        _ip_batch([f"addr add {ip}/24 dev eth0", "link set eth0 up", "link set lo up"], netns=name)
+
+    os.makedirs("/run/sshd", exist_ok=True)
+    key_jobs = []
+    for name in names:
+        host_dir = hosts_dir / name
+        host_dir.mkdir()
+        key_jobs.append(subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
+                                          "-f", str(host_dir / "ssh_host_ed25519_key")]))
+    for job in key_jobs:
+        if job.wait() != 0:
+            raise RuntimeError("ssh-keygen failed")
+
+    hosts: list[LabHost] = []
+    for k, (name, ip) in enumerate(zip(names, ips), start=1):
+        host_dir = hosts_dir / name
+        config = host_dir / "sshd_config"
+        config.write_text(SSHD_CONFIG.format(ip=ip, host_key=host_dir / "ssh_host_ed25519_key",
+                                             pidfile=host_dir / "sshd.pid", authorized_keys=authorized))
+        script = (f"hostname {name} && mount --bind {etc_hosts} /etc/hosts && "
+                  f"exec {SSHD} -D -e -f {config}")
+        with open(host_dir / "sshd.log", "wb") as log:
+            proc = subprocess.Popen(["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount",
+                                     "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        sshd_pids.append(proc.pid)  # nsenter, unshare and sh all exec: this PID becomes sshd
+        hosts.append(LabHost(name=name, ip=ip, netns=name, veth=f"{PREFIX}v{k}", sshd_pid=proc.pid))
+
+    known_hosts = root / "known_hosts"
+    known_hosts.write_text("".join(
+        f"{h.name},{h.ip} {_public_key(hosts_dir / h.name / 'ssh_host_ed25519_key.pub')}\n" for h in hosts))
+    lab = SSHLab(root=root, hosts=hosts, ssh_config=root / "ssh_config", known_hosts=known_hosts,
+                 client_key=client_key, hostfile=root / "hostfile")
+    lab.write_ssh_config(lab.ssh_config, hosts)
+    lab.hostfile.write_text("".join(f"{h.name}\n" for h in hosts))
+    _wait_listening(hosts, hosts_dir)
+    return lab
+
+
+def _ssh_config_block(host: LabHost, lab: SSHLab, options: dict[str, str]) -> str:
+    settings = {"HostName": host.ip, "User": "root", "Port": "22", "IdentityFile": str(lab.client_key),
+                "UserKnownHostsFile": str(lab.known_hosts), "StrictHostKeyChecking": "yes",
+                "BatchMode": "yes", **options}
+    return f"Host {host.name}\n" + "".join(f"  {k} {v}\n" for k, v in settings.items())
+
+
+def _wait_listening(hosts: list[LabHost], hosts_dir: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(hosts)
+    while pending:
+        for host in list(pending):
+            if not Path(f"/proc/{host.sshd_pid}").exists() or _is_zombie(host.sshd_pid):
+                log = (hosts_dir / host.name / "sshd.log").read_text(errors="replace").strip()
+                raise RuntimeError(f"sshd on {host.name} exited: {log}")
+            with contextlib.suppress(OSError), socket.create_connection((host.ip, 22), timeout=0.5) as sock:
+                sock.recv(1)  # wait for the banner: sshd has finished starting
+                pending.remove(host)
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"sshd not listening after {timeout}s on {[h.name for h in pending]}")
+        if pending:
+            time.sleep(0.05)
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cdssh-client", "-f", str(path)],
+                   check=True)
+
+
+def _public_key(path: Path) -> str:
+    kind, data = path.read_text().split()[:2]
+    return f"{kind} {data}"
+
+
+def _terminate(pids: list[int], grace: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace``; reaps the ones that are our children."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == SSHD
+    except OSError:
+        return False
+
+
+def _netns_names() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _ip(*args: str, check: bool = True) -> None:
+    subprocess.run(["ip", *args], check=check, capture_output=True)
+
+
+def _ip_batch(commands: list[str], netns: str | None = None) -> None:
+    argv = ["ip", *(["-n", netns] if netns else []), "-batch", "-"]
+    proc = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
