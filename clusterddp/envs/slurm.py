@@ -1,0 +1,168 @@
+"""SLURM: one ``clusterddp run`` per node (per-node mode), started by ``srun --ntasks-per-node=1``.
+
+Three situations look alike in the environment, and each needs a different answer:
+
+- Inside an srun step with one task per node (what the rendered sbatch script runs): this
+  node is ``SLURM_NODEID`` of the step's nodes; the master is the first host of the step's
+  nodelist; every node derives the same port from the job id.
+- Inside an srun step with several tasks on a node (``srun -n 8 python train.py``, one task
+  per GPU): per-task mode. Each task is already a worker, so a launcher here would start
+  workers of workers. That is refused with a pointer to ``clusterddp.train.init_distributed``,
+  which reads ``SLURM_PROCID`` directly.
+- In the batch script itself (or an ``salloc`` shell), outside any step: there is no
+  ``SLURM_STEP_ID`` and ``SLURM_NODEID``/``SLURM_PROCID`` are 0 on the first node only.
+  ``relaunch`` turns ``clusterddp run`` into ``srun --ntasks-per-node=1 clusterddp run`` so
+  a launcher starts on every node; the relaunched ones see ``SLURM_STEP_ID`` and stay put.
+
+Scope traps (reference/slurm.md): inside srun, ``SLURM_NNODES``/``SLURM_NTASKS`` are the
+step's values while ``SLURM_JOB_NODELIST`` is the whole allocation, so step variables come
+first; ``SLURM_NTASKS_PER_NODE`` is only the ``--ntasks-per-node`` request, never the layout.
+"""
+
+from __future__ import annotations
+
+from clusterddp.envs.base import ClusterEnv, Placement
+from clusterddp.errors import EnvironmentDetectionError, HostlistError
+from clusterddp.hostlist import expand_hostlist, expand_tasks_per_node
+
+#: Variable names, most specific first. Step variables describe the srun step we run in;
+#: job variables describe the allocation (the batch script's scope).
+JOB_ID = ("SLURM_JOB_ID", "SLURM_JOBID")
+ARRAY_JOB_ID = "SLURM_ARRAY_JOB_ID"
+ARRAY_TASK_ID = "SLURM_ARRAY_TASK_ID"
+STEP_ID = "SLURM_STEP_ID"
+NODE_ID = "SLURM_NODEID"
+STEP_NODELIST = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+STEP_NUM_NODES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+JOB_NUM_NODES = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+STEP_NUM_TASKS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"
+RESTART_COUNT = "SLURM_RESTART_COUNT"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+
+class SlurmEnv(ClusterEnv):
+    """Per-node placement from SLURM's variables (see the module docstring for the modes)."""
+
+    name = "slurm"
+    looks_for = "SLURM_JOB_ID with SLURM_NODEID and SLURM_STEP_NODELIST (inside srun), or SLURM_JOB_NODELIST"
+
+    def detected(self) -> bool:
+        return self.first_var(*JOB_ID) is not None
+
+    @property
+    def in_step(self) -> bool:
+        """True inside an srun step; False in the batch script or an salloc shell."""
+        return self.env.get(STEP_ID, "").strip() != ""
+
+    def placement(self) -> Placement:
+        if not self.in_step:
+            return self._batch_placement()
+        hosts = self._hosts(STEP_NODELIST)
+        nnodes = self.first_int_var(*STEP_NUM_NODES) or len(hosts)
+        if hosts and len(hosts) != nnodes:
+            raise EnvironmentDetectionError(
+                f"slurm: {self._which(STEP_NODELIST)} lists {len(hosts)} hosts but the step has {nnodes} nodes")
+        node_rank = self.int_var(NODE_ID)
+        if not 0 <= node_rank < nnodes:
+            raise EnvironmentDetectionError(f"slurm: {NODE_ID}={node_rank} is outside 0..{nnodes - 1}")
+        self._refuse_per_task(nnodes)
+        return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank,
+                         master_addr=self._master(hosts), master_port=self.first_int_var(MASTER_PORT),
+                         nproc_per_node=self._gpus(), hosts=tuple(hosts), run_id=self._run_id(),
+                         notes=self._restart_note())
+
+    def relaunch(self, argv: list[str]) -> list[str] | None:
+        """Outside a step, ``srun`` one copy of ``argv`` per node of the allocation.
+
+        ``--ntasks`` is given with ``--nodes`` because srun reads ``SLURM_NTASKS`` from the
+        batch script's environment (``sbatch --ntasks-per-node=4`` sets it to 4 x nodes),
+        which would otherwise ask for several launchers per node. ``--cpus-per-task`` is
+        passed on because srun (22.05 to 23.02) no longer inherits it, and the single
+        launcher task must own all the CPUs its workers run on.
+        """
+        if self.in_step:
+            return None
+        nnodes = self._job_nnodes()
+        command = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
+                   "--kill-on-bad-exit=1"]
+        cpus = self.first_int_var(CPUS_PER_TASK)
+        if cpus:
+            command.append(f"--cpus-per-task={cpus}")
+        return [*command, *argv]
+
+    def _batch_placement(self) -> Placement:
+        """What the batch script sees: node 0 of the allocation, about to relaunch with srun."""
+        hosts = self._hosts(JOB_NODELIST)
+        nnodes = self._job_nnodes()
+        note = (f"batch script (no {STEP_ID}): 'clusterddp run' relaunches itself with "
+                f"'srun --ntasks-per-node=1' on all {nnodes} node(s) of the allocation")
+        return Placement(env=self.name, nnodes=nnodes, node_rank=0, master_addr=self._master(hosts),
+                         master_port=self.first_int_var(MASTER_PORT), nproc_per_node=self._gpus(),
+                         hosts=tuple(hosts), run_id=self._run_id(), notes=(note, *self._restart_note()))
+
+    def _job_nnodes(self) -> int:
+        nnodes = self.first_int_var(*JOB_NUM_NODES)
+        if nnodes is None:
+            nnodes = len(self._hosts(JOB_NODELIST))
+        if nnodes < 1:
+            raise EnvironmentDetectionError(
+                f"slurm: cannot tell how many nodes the allocation has: set {JOB_NUM_NODES[0]} or {JOB_NODELIST[0]}")
+        return nnodes
+
+    def _refuse_per_task(self, nnodes: int) -> None:
+        """Several tasks on a node: each task is a worker already (per-task mode)."""
+        layout = self.env.get(STEP_TASKS_PER_NODE, "").strip()
+        if layout:
+            try:
+                per_node = expand_tasks_per_node(layout)
+            except HostlistError as exc:
+                raise EnvironmentDetectionError(f"slurm: {STEP_TASKS_PER_NODE}: {exc}") from None
+            busiest = max(per_node, default=1)
+            where = f"{STEP_TASKS_PER_NODE}={layout}"
+        else:
+            tasks = self.first_int_var(*STEP_NUM_TASKS) or nnodes
+            busiest = 2 if tasks > nnodes else 1
+            where = f"{self._which(STEP_NUM_TASKS)}={tasks} for {nnodes} node(s)"
+        if busiest > 1:
+            raise EnvironmentDetectionError(
+                f"slurm: this srun step runs several tasks per node ({where}): that is per-task mode, "
+                "where every task is already a worker, and 'clusterddp run' would start workers of workers",
+                "run one launcher per node ('srun --ntasks-per-node=1 clusterddp run JOB', as "
+                "'clusterddp render slurm' writes it), or start the training script itself with srun "
+                "and call clusterddp.train.init_distributed(), which reads SLURM_PROCID")
+
+    def _hosts(self, names: tuple[str, ...]) -> list[str]:
+        raw = self.first_var(*names)
+        if raw is None:
+            return []
+        try:
+            return expand_hostlist(raw)
+        except HostlistError as exc:
+            raise EnvironmentDetectionError(f"slurm: {self._which(names)}: {exc}") from None
+
+    def _master(self, hosts: list[str]) -> str | None:
+        return self.first_var(MASTER_ADDR) or (hosts[0] if hosts else None)
+
+    def _run_id(self) -> str | None:
+        """The job id; an array element's own id is ``ARRAYID_TASKID`` so its port differs."""
+        array_id, task_id = self.first_var(ARRAY_JOB_ID), self.first_var(ARRAY_TASK_ID)
+        if array_id and task_id:
+            return f"{array_id}_{task_id}"
+        return self.first_var(*JOB_ID)
+
+    def _gpus(self) -> int | None:
+        gpus = self.first_int_var(GPUS_ON_NODE)
+        return gpus if gpus else None
+
+    def _restart_note(self) -> tuple[str, ...]:
+        count = self.first_int_var(RESTART_COUNT)
+        return (f"requeued job: {RESTART_COUNT}={count}",) if count else ()
+
+    def _which(self, names: tuple[str, ...]) -> str:
+        """The first of ``names`` that is set (for messages)."""
+        return next((n for n in names if self.env.get(n, "").strip()), names[0])
