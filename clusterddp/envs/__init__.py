@@ -19,7 +19,6 @@ ORDER: tuple[str, ...] = (
     "clusterddp.envs.torchrun:TorchrunEnv",
     # OpenPAI: its task-index variables exist only inside an OpenPAI task (a k8s pod, never under SLURM).
     "clusterddp.envs.openpai:OpenPAIEnv",
-    # OpenPAI goes here, before SLURM.
     # SLURM: per-node launcher inside srun, or the batch script (which relaunches with srun).
     "clusterddp.envs.slurm:SlurmEnv",
     # Last: one machine, loopback master. Always matches.
