@@ -1,29 +1,76 @@
-"""The ``openpai:`` section: what goes into the rendered protocol-v2 job (see docs/job-file.md)."""
+"""The ``openpai:`` section: what goes into the rendered protocol-v2 job (see docs/openpai.md).
+
+Names are checked here, at load time, against the patterns the OpenPAI REST server enforces,
+so a bad task role or port label is reported as ``jobs/x.yaml:12: openpai.task_role: ...``
+instead of as a 400 from the server after the upload.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from clusterddp.specload import check
+
+#: OpenPAI's job-name pattern (protocol.js: ``^[a-zA-Z0-9_-]+$``, at most 255 characters).
+JOB_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+#: Task-role keys and port labels (protocol.js: ``^[a-zA-Z_][a-zA-Z0-9_]*$``).
+IDENTIFIER_PATTERN = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: Port labels the REST server adds to every task role itself; a second one would clash.
+RESERVED_PORT_LABELS = ("ssh", "http")
 
 
 def _non_negative(value: int) -> str | None:
     return None if value >= 0 else f"must be >= 0, got {value}"
 
 
+def _positive(value: int) -> str | None:
+    return None if value > 0 else f"must be > 0, got {value}"
+
+
+def _job_name(value: str) -> str | None:
+    if JOB_NAME_PATTERN.match(value):
+        return None
+    return f"OpenPAI job names use letters, digits, '_' and '-' (at most 255), got {value!r}"
+
+
+def _identifier(value: str) -> str | None:
+    if IDENTIFIER_PATTERN.match(value):
+        return None
+    return f"must match {IDENTIFIER_PATTERN.pattern} (letters, digits, '_'; no '-'), got {value!r}"
+
+
+def _port_label(value: str) -> str | None:
+    if value in RESERVED_PORT_LABELS:
+        return f"{value!r} is reserved: OpenPAI adds the ports 'ssh' and 'http' to every task itself"
+    return _identifier(value)
+
+
 @dataclass(frozen=True)
 class OpenPAISpec:
-    """Task role, image and resources of the OpenPAI job; never holds secrets."""
+    """Task role, image and resources of the OpenPAI job; never holds secrets.
 
+    The token used to submit comes from the environment or a token file, never from here:
+    job files are committed and shared.
+    """
+
+    #: Docker image every instance runs; required to render, not to run locally.
     image: str | None = None
+    #: OpenPAI job name (unique per user); default the job's ``name``.
+    name: str | None = field(default=None, metadata=check(_job_name))
     virtual_cluster: str = "default"
-    task_role: str = "worker"
-    port_label: str = "SynPort"
-    cpu: int = field(default=4, metadata=check(_non_negative))
-    memory_mb: int = field(default=8192, metadata=check(_non_negative))
-    gpu: int | None = field(default=None, metadata=check(_non_negative))
-    shm_mb: int | None = None
+    task_role: str = field(default="worker", metadata=check(_identifier))
+    #: The port label whose task-0 port becomes MASTER_PORT.
+    port_label: str = field(default="SynPort", metadata=check(_port_label))
+    cpu: int = field(default=4, metadata=check(_positive))
+    memory_mb: int = field(default=8192, metadata=check(_positive))
+    #: GPUs per instance; 0 is a CPU job (gloo on the CPU slots).
+    gpu: int = field(default=0, metadata=check(_non_negative))
+    #: /dev/shm size; 512 is OpenPAI's own default, DataLoader workers often need more.
+    shm_mb: int = field(default=512, metadata=check(_positive))
     task_retry_count: int = field(default=0, metadata=check(_non_negative))
     job_retry_count: int = field(default=0, metadata=check(_non_negative))
+    #: Shell lines run before ``clusterddp run`` (install, cd into the checkout...).
     setup: tuple[str, ...] = ()
+    #: OpenPAI ``parameters:``, usable in setup lines as ``<% $parameters.NAME %>``.
     parameters: dict[str, str] = field(default_factory=dict)
