@@ -1,0 +1,158 @@
+"""Hostfiles: which hosts a job fans out to, and how many workers each takes.
+
+Accepted, one host per line, so files written for other launchers work unchanged::
+
+    # comment (also after an entry)
+    node1                       plain: slots come from nproc_per_node
+    node2 slots=4               DeepSpeed / Open MPI
+    node3 slots=4 max_slots=8   Open MPI (max_slots is accepted and ignored)
+    node4:4                     Horovod / mpirun -H
+    admin@node5 slots=2         user for this host only
+    [fe80::1%eth0]:2            IPv6 in brackets when slots follow
+
+``parse_hostfile`` is pure (text in, entries out) and raises ``HostlistError`` naming
+``file:line``; ``select_hosts`` applies include/exclude patterns.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from clusterddp.errors import HostlistError
+
+#: Host names and addresses: DNS labels, IPv4, ``user@`` prefix; IPv6 only inside brackets.
+_HOST = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]*)@)?(?P<host>\[[0-9A-Fa-f:.%A-Za-z]+\]|[A-Za-z0-9_][A-Za-z0-9_.-]*)$")
+_SLOT_KEYS = ("slots", "max_slots", "max-slots")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One hostfile line: the host as written (an ssh_config alias or an address)."""
+
+    host: str
+    slots: int | None = None
+    user: str | None = None
+    #: Where it came from, for messages: ``hosts.txt:3`` or ``jobs/x.yaml: ssh.hosts[2]``.
+    origin: str = ""
+
+
+def parse_hostfile(text: str, path: str) -> list[HostEntry]:
+    """Parse a hostfile's text; ``path`` is only used to name ``file:line`` in errors."""
+    entries: list[HostEntry] = []
+    seen: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        entry = parse_host_spec(line, where)
+        if entry.host in seen:
+            raise HostlistError(f"{where}: host {entry.host!r} is listed twice (first at {seen[entry.host]})",
+                                "give each host once, with slots=N for several workers")
+        seen[entry.host] = where
+        entries.append(entry)
+    return entries
+
+
+def parse_host_spec(spec: str, where: str) -> HostEntry:
+    """One entry: ``host``, ``host slots=N``, ``host:N``, optionally ``user@host``."""
+    words = spec.split()
+    first, options = words[0], words[1:]
+    slots: int | None = None
+    if first.startswith("[") or "]" in first:
+        address, bracket, count = first.partition("]")
+        if not bracket or (count and not count.startswith(":")):
+            raise HostlistError(f"{where}: {first!r}: expected '[address]' or '[address]:N'")
+        if count:
+            slots = _slots(count[1:], where, first)
+        first = address + "]"
+    elif first.count(":") == 1:
+        first, _, count = first.partition(":")
+        slots = _slots(count, where, f"{first}:{count}")
+    elif ":" in first:
+        raise HostlistError(f"{where}: {first!r}: write IPv6 addresses in brackets, e.g. [{first}]:2")
+    match = _HOST.match(first)
+    if not match:
+        raise HostlistError(f"{where}: {first!r} is not a host name or address")
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or key not in _SLOT_KEYS:
+            raise HostlistError(f"{where}: unknown option {option!r}",
+                                "expected 'host', 'host slots=N' or 'host:N'")
+        if key == "slots":
+            if slots is not None:
+                raise HostlistError(f"{where}: slots given twice")
+            slots = _slots(value, where, option)
+        else:
+            _slots(value, where, option)
+    host = match.group("host")
+    if host.startswith("["):
+        host = host[1:-1]
+    return HostEntry(host=host, slots=slots, user=match.group("user"), origin=where)
+
+
+def read_hostfile(path: str | Path) -> list[HostEntry]:
+    """Read and parse a hostfile; a missing or empty file is an error naming it."""
+    shown = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HostlistError(f"{shown}: no such hostfile") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostlistError(f"{shown}: cannot read the hostfile: {exc}") from None
+    entries = parse_hostfile(text, shown)
+    if not entries:
+        raise HostlistError(f"{shown}: no hosts in the hostfile")
+    return entries
+
+
+def entries_from_list(specs: Sequence[str], origin: str) -> list[HostEntry]:
+    """Entries from a list of specs (the job file's ``ssh.hosts``), same syntax as a line."""
+    entries: list[HostEntry] = []
+    seen: dict[str, str] = {}
+    for index, spec in enumerate(specs):
+        where = f"{origin}[{index}]"
+        if not spec.strip() or "\n" in spec or "#" in spec:
+            raise HostlistError(f"{where}: {spec!r}: expected one host per entry ('host', 'host slots=N', 'host:N')")
+        entry = parse_host_spec(spec.strip(), where)
+        if entry.host in seen:
+            raise HostlistError(f"{where}: host {entry.host!r} is listed twice (first at {seen[entry.host]})")
+        seen[entry.host] = where
+        entries.append(entry)
+    return entries
+
+
+def select_hosts(entries: Sequence[HostEntry], include: Iterable[str] = (),
+                 exclude: Iterable[str] = ()) -> list[HostEntry]:
+    """Keep hosts matching any ``include`` pattern (all when none), drop any ``exclude`` match.
+
+    Patterns are shell globs (``node[1-4]``, ``gpu*``); each may also be a comma-separated
+    list. A pattern that matches no host is an error: it is almost always a typo, and a
+    silently ignored ``--exclude`` would start a job on a host the user meant to avoid.
+    """
+    includes, excludes = _patterns(include), _patterns(exclude)
+    names = [e.host for e in entries]
+    for kind, patterns in (("include", includes), ("exclude", excludes)):
+        for pattern in patterns:
+            if not fnmatch.filter(names, pattern):
+                raise HostlistError(f"--{kind} {pattern!r} matches no host", "hosts: " + ", ".join(names))
+    kept = [e for e in entries
+            if (not includes or any(fnmatch.fnmatchcase(e.host, p) for p in includes))
+            and not any(fnmatch.fnmatchcase(e.host, p) for p in excludes)]
+    if not kept:
+        raise HostlistError("include/exclude left no host to run on")
+    return kept
+
+
+def _patterns(values: Iterable[str]) -> list[str]:
+    return [p.strip() for value in values for p in value.split(",") if p.strip()]
+
+
+def _slots(value: str, where: str, shown: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise HostlistError(f"{where}: {shown!r}: slots must be a whole number >= 1")
+    return int(value)
