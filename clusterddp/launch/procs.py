@@ -5,7 +5,9 @@ Three layers make sure nothing outlives the launcher:
 2. ``PR_SET_PDEATHSIG`` kills a worker the instant the launcher dies, even by SIGKILL;
 3. a forked *reaper* holds a pipe from the launcher and, when it reads EOF (the launcher is
    gone, however it died), SIGKILLs every worker process group it was told about: this takes
-   the worker's own children (DataLoader workers, shell pipelines) that PDEATHSIG misses.
+   the worker's own children (DataLoader workers, shell pipelines) that PDEATHSIG misses;
+4. every worker carries ``CLUSTERDDP_SUPERVISOR_ID=<token>`` in its environment, which its
+   descendants inherit: processes that left the group (``setsid`` daemons) are found by it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -21,6 +24,8 @@ from typing import Iterable, Mapping, Sequence
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+#: Environment variable that marks every process of one launcher's workers.
+MARKER = "CLUSTERDDP_SUPERVISOR_ID"
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -73,6 +78,40 @@ def kill_processes(processes: Iterable[psutil.Process]) -> None:
             pass
 
 
+def new_marker() -> str:
+    """A token unique to this launcher, for ``MARKER``."""
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def marked_pids(token: str) -> list[int]:
+    """Live processes whose environment carries ``MARKER=token`` (read from /proc)."""
+    needle = f"{MARKER}={token}".encode()
+    found = []
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def kill_marked(token: str) -> None:
+    for pid in marked_pids(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def group_alive(pgid: int) -> bool:
     return signal_group(pgid, 0)
 
@@ -90,12 +129,12 @@ def wait_groups_gone(pgids: Iterable[int], deadline: float) -> list[int]:
 class Reaper:
     """A forked guard that SIGKILLs every registered process group when the launcher dies."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str) -> None:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the reaper
             os.close(write_end)
-            _reaper_main(read_end)
+            _reaper_main(read_end, token)
         os.close(read_end)
         self.pid = pid
         self._pipe = os.fdopen(write_end, "w", buffering=1)
@@ -120,7 +159,7 @@ class Reaper:
             pass
 
 
-def _reaper_main(read_end: int) -> None:
+def _reaper_main(read_end: int, token: str) -> None:
     """Body of the reaper process: read pgids until EOF, then kill them all. Never returns."""
     try:
         os.setsid()  # out of the terminal's process group: Ctrl-C is for the launcher
@@ -154,5 +193,6 @@ def _reaper_main(read_end: int) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
+        kill_marked(token)
     finally:
         os._exit(0)

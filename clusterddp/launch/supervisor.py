@@ -83,10 +83,11 @@ class LocalSupervisor:
     _stop_reason: str | None = None
     _stop_signal: int | None = None
     _workers: list[_Worker] = field(default_factory=list)
+    _marker: str = field(default_factory=procs.new_marker)
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
-        reaper = procs.Reaper()
+        reaper = procs.Reaper(self._marker)
         previous = self._install_signal_handlers()
         if self.options.watch_stdin:
             self._start_stdin_watch()
@@ -155,6 +156,7 @@ class LocalSupervisor:
     def _start(self, plan: WorkerPlan, attempt: int, reaper: procs.Reaper) -> _Worker:
         env = dict(plan.env)
         env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+        env[procs.MARKER] = self._marker
         try:
             os.unlink(plan.error_file)
         except FileNotFoundError:
@@ -212,6 +214,7 @@ class LocalSupervisor:
             procs.signal_group(worker.pgid, signal.SIGKILL)
         for tree in trees.values():
             procs.kill_processes(tree)
+        procs.kill_marked(self._marker)
         procs.wait_groups_gone([w.pgid for w in self._workers], time.monotonic() + 2.0)
         for worker in self._workers:
             worker.proc.wait()

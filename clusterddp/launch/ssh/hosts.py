@@ -1,0 +1,87 @@
+"""Where each host really is: hostfile entries combined with the job's ``ssh:`` and ssh_config.
+
+Precedence for each setting, like OpenSSH's command line over its config file: the hostfile
+entry (``user@host``), then the job's ``ssh:`` section, then the ssh_config file, then the
+defaults (the alias itself, port 22, the head's user, ~/.ssh keys and the agent).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import paramiko
+
+from clusterddp.errors import RemoteError
+from clusterddp.hostfile import HostEntry
+from clusterddp.sections.ssh import SSHSpec
+
+DEFAULT_CONFIG = "~/.ssh/config"
+DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
+#: ssh_config options that would change how we connect and that paramiko cannot honour here.
+UNSUPPORTED = ("proxycommand", "proxyjump")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host, ready to connect to."""
+
+    #: As written in the hostfile (an ssh_config alias or an address); used in every message.
+    name: str
+    address: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    #: First file is where accepted new keys are written (accept_new_host_keys).
+    known_hosts: tuple[str, ...]
+    slots: int | None
+    origin: str
+
+    @property
+    def target(self) -> str:
+        """``user@address:port`` for messages."""
+        return f"{self.user}@{self.address}:{self.port}"
+
+
+def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
+    """The ssh_config to honour: ``path`` (must exist), else ~/.ssh/config when present."""
+    chosen = os.path.expanduser(path or DEFAULT_CONFIG)
+    if not os.path.exists(chosen):
+        if path:
+            raise RemoteError(f"ssh config file {path} not found", "fix ssh.config_file in the job file")
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(chosen)
+    except (OSError, paramiko.ConfigParseError) as exc:
+        raise RemoteError(f"cannot read ssh config {chosen}: {exc}") from None
+
+
+def resolve_hosts(entries: Sequence[HostEntry], spec: SSHSpec, config: paramiko.SSHConfig) -> list[Host]:
+    """Hosts with address, port, user, keys and known_hosts files settled."""
+    hosts = []
+    for entry in entries:
+        options = config.lookup(entry.host)
+        for name in UNSUPPORTED:
+            if name in options:
+                raise RemoteError(f"{entry.origin}: {entry.host}: ssh_config {name} is not supported by "
+                                  "the SSH fan-out", "make the hosts directly reachable from the head")
+        identity = (spec.identity_file,) if spec.identity_file else tuple(options.get("identityfile", ()))
+        if spec.known_hosts:
+            known = (spec.known_hosts,)
+        elif "userknownhostsfile" in options:
+            known = tuple(options["userknownhostsfile"].split())
+        else:
+            known = DEFAULT_KNOWN_HOSTS
+        hosts.append(Host(
+            name=entry.host,
+            address=options.get("hostname", entry.host),
+            port=spec.port or int(options.get("port", 22)),
+            user=entry.user or spec.user or options.get("user") or getpass.getuser(),
+            identity_files=tuple(os.path.expanduser(p) for p in identity),
+            known_hosts=tuple(os.path.expanduser(p) for p in known),
+            slots=entry.slots,
+            origin=entry.origin,
+        ))
+    return hosts

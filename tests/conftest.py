@@ -1,0 +1,68 @@
+"""Shared test helpers: run the real CLI in a subprocess, write small job files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / "tests" / "bin"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment the launcher runs with in tests: no inherited placement variables."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PAI_", "PET_", "OMPI_", "CLUSTERDDP_"))
+           and k not in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK", "RANK", "WORLD_SIZE",
+                         "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["NO_COLOR"] = "1"
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, cwd: Path | str | None = None, timeout: float = 120,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m clusterddp ARGS`` to completion and capture its output."""
+    return subprocess.run([sys.executable, "-m", "clusterddp", *args], cwd=cwd or REPO, env=env or cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m clusterddp ARGS`` in the background (the caller ends it)."""
+    return subprocess.Popen([sys.executable, "-m", "clusterddp", *args], cwd=cwd or REPO, env=env or cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def write_job(directory: Path, name: str = "job", **fields: Any) -> Path:
+    """A job file in ``directory``; ``script`` may name a file in tests/bin."""
+    data: dict[str, Any] = {"name": name, "nproc_per_node": 2, "grace_period": 2}
+    data.update(fields)
+    if "script" in data and not os.path.isabs(data["script"]):
+        data["script"] = str(BIN / data["script"])
+    data.setdefault("logs", {"dir": str(directory / "logs")})
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it is true or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    return tmp_path
