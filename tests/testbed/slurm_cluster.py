@@ -1,0 +1,380 @@
+"""A real SLURM cluster on one machine: slurmctld plus one slurmd per network namespace.
+
+Layout (facts behind it: ../shared/TESTBEDS.md)::
+
+    root namespace: bridge cdslurmbr0 10.79.0.1/24, munged (private socket),
+                    slurmctld (own UTS + mount namespace: hostname cdslurmctl)
+      ├─ veth cdslurmv1 ── netns cdslurm1: eth0 10.79.0.2/24, slurmd -N cdslurm1
+      └─ veth cdslurmv2 ── netns cdslurm2: eth0 10.79.0.3/24, slurmd -N cdslurm2
+
+Each daemon starts under ``nsenter --net`` + ``unshare --uts --mount`` (not ``ip netns exec``,
+which remounts /sys and kills slurmd) with its own hostname and a lab ``/etc/hosts``
+bind-mounted, so job steps resolve node names without the system resolver. Everything lives
+in one temporary directory; ``sbatch``/``squeue``/``scontrol`` find it through ``SLURM_CONF``
+in ``cluster.env``. Nodes share the PID space and the file system (a shared home); "what runs
+on node K" is answered by each process's ``/proc/PID/ns/net``.
+
+One cluster at a time per machine: ``slurm_cluster`` holds ``/run/cdslurm.lock`` and first
+removes what a crashed earlier cluster may have left (``cdslurm*`` namespaces and the bridge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+PREFIX = "cdslurm"
+BRIDGE = f"{PREFIX}br0"
+SUBNET = "10.79.0"
+CONTROLLER_IP = f"{SUBNET}.1"
+CONTROLLER_NAME = f"{PREFIX}ctl"
+LOCK_FILE = "/run/cdslurm.lock"
+NETNS_DIR = "/var/run/netns"
+#: CPUs each node claims; above the real count is fine (no cgroups, no binding).
+CPUS_PER_NODE = 4
+
+SLURM_CONF = """\
+ClusterName={prefix}
+SlurmctldHost={ctl_name}({ctl_ip})
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket}
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+JobRequeue=1
+KillWait=5
+MinJobAge=600
+InactiveLimit=0
+SlurmdParameters=config_overrides
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node: a network namespace with an address on the bridge and a slurmd."""
+
+    name: str
+    ip: str
+    netns: str
+    slurmd_pid: int
+
+    def netns_inode(self) -> int:
+        return os.stat(f"{NETNS_DIR}/{self.netns}").st_ino
+
+
+@dataclass
+class SlurmCluster:
+    """A running cluster and the environment its clients (sbatch, squeue...) need."""
+
+    root: Path
+    conf: Path
+    nodes: list[SlurmNode]
+    env: dict[str, str]
+    daemon_pids: list[int]
+
+    def command(self, *argv: str, check: bool = True, timeout: float = 30,
+                cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a SLURM client command against this cluster."""
+        result = subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
+                                timeout=timeout, cwd=cwd, check=False)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict (JobState, ExitCode, NodeList, Restarts, ...)."""
+        out = self.command("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait_state(self, job_id: str, states: Sequence[str], timeout: float) -> dict[str, str]:
+        """Poll until the job is in one of ``states``; raises with the last state on timeout.
+
+        Polls scontrol instead of ``sbatch --wait``, whose back-off adds tens of seconds.
+        """
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.2)
+        raise TimeoutError(f"job {job_id} not in {list(states)} after {timeout}s: {info.get('JobState')} "
+                           f"({info.get('Reason')})\n{self.logs_tail()}")
+
+    def node_processes(self, node: SlurmNode) -> list[int]:
+        """PIDs in ``node``'s namespace other than its slurmd: what jobs left behind."""
+        return [pid for pid in pids_in_netns(node.netns_inode()) if pid != node.slurmd_pid]
+
+    def wait_clean(self, timeout: float) -> dict[str, list[int]]:
+        """Poll until no job process is left on any node; returns what is left (empty: clean)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {n.name: pids for n in self.nodes if (pids := self.node_processes(n))}
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
+
+    def logs_tail(self, lines: int = 15) -> str:
+        """The end of every daemon log, for failure messages."""
+        parts = []
+        for log in sorted(self.root.glob("*.log")):
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+
+def unavailable_reason() -> str | None:
+    """Why a cluster cannot run here (None when it can): tests skip with this reason."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, slurmd)"
+    for tool in ("ip", "nsenter", "unshare", "slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install --no-install-recommends slurmctld slurmd slurm-client munge)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        return f"ip netns unavailable: {probe.stderr.strip()}"
+    return None
+
+
+@contextlib.contextmanager
+def slurm_cluster(n_nodes: int = 2, base_env: Mapping[str, str] | None = None,
+                  workdir: str | os.PathLike[str] | None = None) -> Iterator[SlurmCluster]:
+    """Bring up munged, slurmctld and ``n_nodes`` slurmd nodes; tear all of it down on exit.
+
+    ``base_env`` is what clients (and so every job, which inherits sbatch's environment) run
+    with; ``SLURM_CONF`` is added. Nodes are ``cdslurm1..N`` at ``10.79.0.2..N+1``.
+    """
+    if not 1 <= n_nodes <= 50:
+        raise ValueError(f"n_nodes must be 1..50, got {n_nodes}")
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(f"cannot build a SLURM cluster: {reason}")
+    lock = open(LOCK_FILE, "w")  # noqa: SIM115 (held for the cluster's life; O_CLOEXEC, not inherited)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    root = Path(tempfile.mkdtemp(prefix="cdslurm-", dir=workdir))
+    pids: list[int] = []
+    try:
+        remove_leftovers()
+        yield _bring_up(n_nodes, root, pids, dict(base_env if base_env is not None else os.environ))
+    finally:
+        _stop(root, pids)
+        remove_leftovers()
+        shutil.rmtree(root, ignore_errors=True)
+        lock.close()
+
+
+def remove_leftovers() -> None:
+    """Kill processes inside ``cdslurm*`` namespaces, delete those namespaces and the bridge."""
+    names = [n for n in _netns_names() if n.startswith(PREFIX)]
+    inodes = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"{NETNS_DIR}/{name}").st_ino)
+    if inodes:
+        _terminate([pid for ino in inodes for pid in pids_in_netns(ino)], grace=2.0)
+    for name in names:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+
+
+def pids_in_netns(inode: int) -> list[int]:
+    """PIDs whose network namespace is the one with this nsfs inode."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry.name}/ns/net").st_ino == inode:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _bring_up(n_nodes: int, root: Path, pids: list[int], base_env: dict[str, str]) -> SlurmCluster:
+    names = [f"{PREFIX}{k}" for k in range(1, n_nodes + 1)]
+    ips = [f"{SUBNET}.{k + 1}" for k in range(1, n_nodes + 1)]
+    _network(names, ips)
+
+    etc_hosts = root / "etc_hosts"
+    etc_hosts.write_text("127.0.0.1 localhost\n::1 localhost\n" + f"{CONTROLLER_IP} {CONTROLLER_NAME}\n"
+                         + "".join(f"{ip} {name}\n" for name, ip in zip(names, ips)))
+    munge_socket = _start_munged(root, pids)
+    ctld_port, slurmd_port = _free_port(), _free_port()
+    for sub in ("state", *(f"spool/{name}" for name in names)):
+        (root / sub).mkdir(parents=True)
+    conf = root / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(
+        prefix=PREFIX, ctl_name=CONTROLLER_NAME, ctl_ip=CONTROLLER_IP, ctld_port=ctld_port,
+        slurmd_port=slurmd_port, munge_socket=munge_socket, root=root,
+        nodes="\n".join(f"NodeName={n} NodeAddr={ip} CPUs={CPUS_PER_NODE} RealMemory=1000 State=UNKNOWN"
+                        for n, ip in zip(names, ips))))
+    env = {k: v for k, v in base_env.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = str(conf)
+
+    pids.append(_daemon(root / "slurmctld.out", None, CONTROLLER_NAME, etc_hosts,
+                        ["slurmctld", "-D", "-c", "-i", "-f", str(conf)], env))
+    nodes = []
+    for name, ip in zip(names, ips):
+        pid = _daemon(root / f"slurmd-{name}.out", name, name, etc_hosts,
+                      ["slurmd", "-D", "-N", name, "-f", str(conf)], env)
+        pids.append(pid)
+        nodes.append(SlurmNode(name=name, ip=ip, netns=name, slurmd_pid=pid))
+    cluster = SlurmCluster(root=root, conf=conf, nodes=nodes, env=env, daemon_pids=pids)
+    _wait_idle(cluster, names)
+    return cluster
+
+
+def _network(names: list[str], ips: list[str]) -> None:
+    commands = [f"link add {BRIDGE} type bridge", f"addr add {CONTROLLER_IP}/24 dev {BRIDGE}",
+                f"link set {BRIDGE} up"]
+    for k, name in enumerate(names, start=1):
+        commands += [f"netns add {name}",
+                     f"link add {PREFIX}v{k} type veth peer name eth0 netns {name}",
+                     f"link set {PREFIX}v{k} master {BRIDGE} up"]
+    _ip_batch(commands)
+    for name, ip in zip(names, ips):
+        _ip_batch([f"addr add {ip}/24 dev eth0", "link set eth0 up", "link set lo up"], netns=name)
+
+
+def _start_munged(root: Path, pids: list[int]) -> Path:
+    """munged on a private socket, with its own key; munged insists on strict modes."""
+    key_dir, sock_dir = root / "munge-etc", root / "munge-run"
+    key_dir.mkdir(mode=0o700)
+    sock_dir.mkdir(mode=0o755)
+    os.chmod(root, 0o755)  # munged refuses a socket path under a directory others cannot traverse
+    key = key_dir / "munge.key"
+    subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+    socket_path = sock_dir / "munge.socket"
+    with open(root / "munged.out", "wb") as out:
+        proc = subprocess.Popen(["munged", "--foreground", "--force", f"--socket={socket_path}",
+                                 f"--key-file={key}", f"--pid-file={sock_dir / 'munged.pid'}",
+                                 f"--log-file={root / 'munged.log'}", f"--seed-file={key_dir / 'munged.seed'}"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    pids.append(proc.pid)
+    deadline = time.monotonic() + 10
+    while not socket_path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("munged did not start:\n" + (root / "munged.out").read_text(errors="replace"))
+        time.sleep(0.02)
+    return socket_path
+
+
+def _daemon(out: Path, netns: str | None, hostname: str, etc_hosts: Path, argv: list[str],
+            env: Mapping[str, str]) -> int:
+    """Start a daemon with its own hostname and /etc/hosts, in ``netns`` (None: the root one).
+
+    nsenter, unshare and sh all exec, so the returned PID is the daemon itself.
+    """
+    script = f"hostname {hostname} && mount --bind {etc_hosts} /etc/hosts && exec " + " ".join(argv)
+    prefix = ["nsenter", f"--net={NETNS_DIR}/{netns}"] if netns else []
+    with open(out, "wb") as log:
+        proc = subprocess.Popen([*prefix, "unshare", "--uts", "--mount", "sh", "-c", script],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+    return proc.pid
+
+
+def _wait_idle(cluster: SlurmCluster, names: list[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        result = cluster.command("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=10)
+        states = dict(line.split() for line in result.stdout.splitlines() if len(line.split()) == 2)
+        if all(states.get(n) == "idle" for n in names):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"SLURM nodes not idle after {timeout}s: {states}\n{cluster.logs_tail()}")
+
+
+def _stop(root: Path, pids: list[int]) -> None:
+    """Jobs' processes first (they live in the node namespaces), then the daemons by PID."""
+    for name in _netns_names():
+        if name.startswith(PREFIX):
+            with contextlib.suppress(OSError):
+                ino = os.stat(f"{NETNS_DIR}/{name}").st_ino
+                _terminate([p for p in pids_in_netns(ino) if p not in pids], grace=2.0)
+    _terminate(list(reversed(pids)), grace=3.0)
+
+
+def _terminate(pids: list[int], grace: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace``; reaps the ones that are our children."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _netns_names() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _ip_batch(commands: list[str], netns: str | None = None) -> None:
+    argv = ["ip", *(["-n", netns] if netns else []), "-batch", "-"]
+    proc = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
