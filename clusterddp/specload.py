@@ -45,8 +45,8 @@ class NodeReader:
     def build(self, cls: type, node: yaml.Node, key: str = "") -> Any:
         """Build dataclass ``cls`` from a mapping node; ``key`` is the dotted path so far."""
         if not isinstance(node, yaml.MappingNode):
-            what = "the job file" if not key else key
-            raise self.fail(node, key, f"expected a mapping for {what}, got {_describe(node)}")
+            what = " for the job file" if not key else ""
+            raise self.fail(node, key, f"expected a mapping{what}, got {_describe(node)}")
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get(INTERNAL)}
         hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
@@ -118,6 +118,8 @@ class NodeReader:
                 return self.convert(candidate, node, path)
             except JobSpecError as exc:
                 errors.append(exc)
+        if len(errors) == 1:  # 'X or nothing': the error about X is the precise one
+            raise errors[0]
         expected = " or ".join(_type_name(a) for a in candidates)
         raise self.fail(node, path, f"expected {expected}, got {_describe(node)}")
 
