@@ -1,0 +1,155 @@
+"""Rendering a job file as an OpenPAI protocol-v2 job: golden files, values, refusals."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from server_rules import server_errors
+
+from clusterddp import __version__
+from clusterddp.errors import JobSpecError
+from clusterddp.schedulers import openpai
+from clusterddp.schedulers.openpai_render import chain_problem, render_openpai, yaml_scalar
+from clusterddp.sections.openpai import OpenPAISpec
+from clusterddp.spec import load_job
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+GOLDEN = HERE / "golden"
+REGENERATE = "CLUSTERDDP_REGEN_GOLDEN"
+
+
+def render_fixture(name: str) -> str:
+    path = HERE / "jobs" / f"{name}.yaml"
+    text = render_openpai(load_job(path), os.path.relpath(path, REPO))
+    return text.replace(f"clusterddp {__version__} ", "clusterddp VERSION ")
+
+
+@pytest.mark.parametrize("name", ["minimal", "full"])
+def test_golden_file(name: str) -> None:
+    """The rendered spec is byte-for-byte the reviewed golden file."""
+    got = render_fixture(name)
+    golden = GOLDEN / f"{name}.openpai.yaml"
+    if os.environ.get(REGENERATE):
+        golden.write_text(got, encoding="utf-8")
+    want = golden.read_text(encoding="utf-8")
+    if got != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(golden), "rendered"))
+        pytest.fail(f"{golden.name} differs from the rendered spec:\n{diff}\n"
+                    f"if the change is intended: {REGENERATE}=1 pytest {Path(__file__).name}, then review the diff")
+
+
+def test_full_job_values_read_back_exactly() -> None:
+    """Every value of the full fixture parses back to what the job file said."""
+    job = load_job(HERE / "jobs" / "full.yaml")
+    spec = yaml.safe_load(render_openpai(job, "jobs/full.yaml"))
+    assert spec["name"] == "resnet_v2-ddp" and spec["protocolVersion"] == 2 and spec["type"] == "job"
+    assert spec["prerequisites"] == [{"type": "dockerimage", "name": "image",
+                                      "uri": "registry.example:5000/team/torch:2.4"}]
+    role = spec["taskRoles"]["train_er"]
+    assert role["instances"] == 4 and role["dockerImage"] == "image"
+    assert role["resourcePerInstance"] == {"cpu": 32, "memoryMB": 131072, "gpu": 4, "ports": {"RdzvPort": 1}}
+    assert role["extraContainerOptions"] == {"shmMB": 16384}
+    assert role["completion"] == {"minFailedInstances": 1, "minSucceededInstances": 4}
+    assert (role["taskRetryCount"], spec["jobRetryCount"]) == (0, 2)
+    assert role["commands"] == [*job.openpai.setup, "clusterddp run jobs/full.yaml"]
+    assert spec["parameters"] == {"data": "/mnt/data/imagenet", "epochs": "3", "yes": "no"}
+    assert spec["defaults"] == {"virtualCluster": "gpu_a100"}
+    assert spec["extras"] == {"gangAllocation": True}
+
+
+def test_secrets_and_job_env_are_never_rendered() -> None:
+    """No 'secrets' key, and the job's env values (API keys...) stay out of the spec."""
+    text = render_fixture("full")
+    assert "secrets" not in yaml.safe_load(text)
+    assert "do-not-render-this-value" not in text and "WANDB_API_KEY" not in text
+    assert not {"secrets", "token", "password"} & set(OpenPAISpec.__dataclass_fields__)
+
+
+def test_job_path_is_quoted_in_the_command() -> None:
+    """A job path with a space becomes one shell word in the command."""
+    job = load_job(HERE / "jobs" / "minimal.yaml")
+    spec = yaml.safe_load(render_openpai(job, "my jobs/a b.yaml"))
+    assert spec["taskRoles"]["worker"]["commands"] == ["clusterddp run 'my jobs/a b.yaml'"]
+
+
+@pytest.mark.parametrize("change, key, message", [
+    ({"openpai": OpenPAISpec()}, "openpai.image", "required to render"),
+    ({"name": "a.b"}, "name", "not a valid OpenPAI job name"),
+    ({"backend": "nccl"}, "openpai.gpu", "is 0 but the backend is nccl"),
+    ({"nproc_per_node": "gpu"}, "openpai.gpu", "nproc_per_node is 'gpu'"),
+    ({"nproc_per_node": 8, "openpai": OpenPAISpec(image="i", gpu=4)}, "openpai.gpu", "one GPU per worker"),
+    ({"openpai": OpenPAISpec(image="i", setup=("pip install x  # pin later",))}, r"openpai.setup\[0\]", "comment"),
+    ({"openpai": OpenPAISpec(image="i", setup=("ok", "sleep 1 &"))}, r"openpai.setup\[1\]", "ends with '&'"),
+    ({"openpai": OpenPAISpec(image="i", setup=("echo 'x",))}, r"openpai.setup\[0\]", "unclosed ' quote"),
+])
+def test_render_refuses_what_would_fail_later(change: dict, key: str, message: str) -> None:
+    """Missing or inconsistent values fail at render time, naming the job-file key."""
+    job = replace(load_job(HERE / "jobs" / "minimal.yaml"), **change)
+    with pytest.raises(JobSpecError, match=rf"minimal.yaml: {key}: .*{message}"):
+        render_openpai(job, "minimal.yaml")
+
+
+def test_name_override_wins_and_is_checked() -> None:
+    """--name replaces the job's name, and a bad one is refused like openpai.name."""
+    job = replace(load_job(HERE / "jobs" / "minimal.yaml"), name="a.b")
+    assert yaml.safe_load(render_openpai(job, "j.yaml", name="ab-1"))["name"] == "ab-1"
+    with pytest.raises(JobSpecError, match="openpai.name"):
+        render_openpai(job, "j.yaml", name="a b")
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("git clone https://x/y.git && cd y", None),
+    ("echo a#b 'c # d' \"#e\" \\#f", None),
+    ("echo $# done", None),
+    ("# just a comment", "comment"),
+    ("make; # build", "comment"),
+    ("make;", "ends with ';'"),
+    ("a |", "ends with '|'"),
+    ("tail -f log \\", "ends with"),
+    ("echo \"unclosed", "unclosed"),
+    ("   ", "is empty"),
+])
+def test_chain_problem_table(line: str, problem: str | None) -> None:
+    """Setup lines must survive OpenPAI's ' && ' join; '#' only counts at a word start, unquoted."""
+    got = chain_problem(line)
+    assert (got is None) if problem is None else (problem in (got or ""))
+
+
+@pytest.mark.parametrize("value", [
+    "plain", "with space", "pytorch/pytorch:2.4", "yes", "no", "null", "~", "true", "1", "0o17", "1e3",
+    "12:30", "-x", "a: b", "a #b", "#x", "[1]", "{a}", "'q'", '"dq"', "back\\slash", "tab\there",
+    "line\nbreak", "<% $parameters.x %>", "@at", "`tick`", "", " lead", "trail ", "ünï", "😀", "\u2028",
+    "%percent", "*star", "&anchor", "!tag", "|pipe", ">fold", "...", "---", "a,b",
+])
+def test_yaml_scalar_round_trips(value: str) -> None:
+    """Every string reads back unchanged, as a string, alone and inside a flow mapping."""
+    scalar = yaml_scalar(value)
+    assert yaml.safe_load(f"k: {scalar}") == {"k": value}
+    assert yaml.safe_load(f"m: {{k: {scalar}, z: {scalar}}}") == {"m": {"k": value, "z": value}}
+    assert yaml.safe_load(f"l:\n  - {scalar}\n") == {"l": [value]}
+
+
+def test_render_action_prints_or_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'render openpai JOB' prints the spec; '-o FILE' writes the same text and prints it nowhere."""
+    job = str(HERE / "jobs" / "minimal.yaml")
+    assert openpai.main("render", [job]) == 0
+    printed = capsys.readouterr().out
+    out = tmp_path / "spec.yaml"
+    assert openpai.main("render", [job, "-o", str(out)]) == 0
+    assert out.read_text() == printed and capsys.readouterr().out == ""
+    assert server_errors(printed) == []
+
+
+def test_submit_dry_run_sends_nothing_and_needs_no_token(capsys: pytest.CaptureFixture[str]) -> None:
+    """'submit --dry-run' prints the endpoint and the spec; no token, no connection."""
+    job = str(HERE / "jobs" / "minimal.yaml")
+    assert openpai.main("submit", [job, "--url", "https://pai.example/", "--dry-run"], env={}) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# dry run: would POST this to https://pai.example/rest-server/api/v2/jobs")
+    assert yaml.safe_load(out)["name"] == "minimal"
