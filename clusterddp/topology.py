@@ -24,6 +24,8 @@ from clusterddp.spec import JobSpec
 #: so a derived port does not collide with outgoing connections' ports.
 PORT_BASE = 20000
 PORT_SPAN = 12000
+#: The signals the launcher turns into an orderly stop, announced to workers as torchrun does.
+STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Topology:
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": self.run_id,
             "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(STOP_SIGNAL_NAMES),
             "NODE_RANK": str(self.node_rank),
             "CLUSTERDDP_BACKEND": self.backend,
         }

@@ -21,10 +21,10 @@ from clusterddp import exitcodes
 from clusterddp.launch import procs
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.report import WorkerExit, format_report, read_error_file
-from clusterddp.topology import Topology
+from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
 
 #: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)
 #: Longest pause between restarts of the local group.
 MAX_BACKOFF = 30.0
 

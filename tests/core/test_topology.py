@@ -1,0 +1,117 @@
+"""Rank arithmetic, env contract, port derivation and environment detection, with plain dicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterddp.envs import Overrides, detect
+from clusterddp.envs.base import Placement
+from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.spec import JobSpec
+from clusterddp.topology import PORT_BASE, PORT_SPAN, derive_port, resolve
+
+TORCHRUN_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                  "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                  "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
+
+
+def _topology(nnodes: int, node_rank: int, nproc: int):  # type: ignore[no-untyped-def]
+    placement = Placement(env="explicit", nnodes=nnodes, node_rank=node_rank, master_addr="10.0.0.1",
+                          master_port=29500, run_id="r")
+    return resolve(JobSpec(script="x.py", nproc_per_node=nproc), placement, {})
+
+
+@pytest.mark.parametrize("nnodes,nproc", [(1, 1), (1, 4), (2, 2), (8, 8), (3, 5)])
+def test_global_ranks_cover_the_world_once(nnodes: int, nproc: int) -> None:
+    """global rank = node_rank * nproc + local_rank covers 0..world-1 exactly once."""
+    ranks = [_topology(nnodes, n, nproc).worker_env(l)["RANK"] for n in range(nnodes) for l in range(nproc)]
+    assert sorted(int(r) for r in ranks) == list(range(nnodes * nproc))
+
+
+def test_worker_env_has_exactly_torchruns_names() -> None:
+    """The contract has torchrun's names plus NODE_RANK and CLUSTERDDP_BACKEND, nothing missing."""
+    env = _topology(2, 1, 4).worker_env(3, restart_count=1, max_restarts=2, error_file="/tmp/e.json")
+    assert TORCHRUN_NAMES <= set(env)
+    assert set(env) - TORCHRUN_NAMES == {"NODE_RANK", "CLUSTERDDP_BACKEND"}
+    assert env["RANK"] == "7" and env["GROUP_RANK"] == "1" and env["WORLD_SIZE"] == "8"
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "2"
+
+
+def test_local_rank_outside_node_is_rejected() -> None:
+    """Asking for a local rank the node does not have is a programming error, caught."""
+    with pytest.raises(ValueError):
+        _topology(1, 0, 2).worker_env(2)
+
+
+def test_derived_port_is_deterministic_and_in_range() -> None:
+    """Every node derives the same port from the run id; different ids spread out."""
+    assert derive_port("job-42") == derive_port("job-42")
+    ports = {derive_port(f"job-{i}") for i in range(200)}
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    assert len(ports) > 150
+
+
+def test_multinode_without_port_derives_it() -> None:
+    """Two nodes started by hand without a port agree on one, derived from the run id."""
+    job = JobSpec(script="x.py", nproc_per_node=2, name="myjob")
+    a = resolve(job, detect({}, Overrides(nnodes=2, node_rank=0, master_addr="10.0.0.1")).placement(), {})
+    b = resolve(job, detect({}, Overrides(nnodes=2, node_rank=1, master_addr="10.0.0.1")).placement(), {})
+    assert a.master_port == b.master_port == derive_port("myjob")
+
+
+def test_detection_order_explicit_beats_torchrun() -> None:
+    """CLI flags win over an outer launcher's variables."""
+    env = {"MASTER_ADDR": "h0", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}
+    assert detect(env, Overrides()).name == "torchrun"
+    assert detect(env, Overrides(nnodes=4, node_rank=3, master_addr="x")).name == "explicit"
+    assert detect({}, Overrides()).name == "local"
+
+
+def test_torchrun_like_environment() -> None:
+    """Kubeflow-style PET_* variables give the node placement and master."""
+    env = {"PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456", "PET_NODE_RANK": "2",
+           "PET_NNODES": "4", "PET_NPROC_PER_NODE": "auto"}
+    placement = detect(env).placement()
+    assert (placement.nnodes, placement.node_rank, placement.master_addr, placement.master_port) == \
+        (4, 2, "job-master-0", 23456)
+    assert placement.nproc_per_node is None
+
+
+def test_torchrun_without_node_count_is_an_error() -> None:
+    """A node rank without a node count is named, not guessed."""
+    with pytest.raises(EnvironmentDetectionError, match="GROUP_WORLD_SIZE"):
+        detect({"MASTER_ADDR": "h", "NODE_RANK": "0"}).placement()
+
+
+def test_explicit_node_rank_out_of_range() -> None:
+    """--node-rank must be below --nnodes."""
+    with pytest.raises(EnvironmentDetectionError, match="outside"):
+        detect({}, Overrides(nnodes=2, node_rank=2, master_addr="x")).placement()
+
+
+def test_multinode_without_master_is_an_error() -> None:
+    """Several nodes and no master address anywhere: one clear error with a hint."""
+    with pytest.raises(EnvironmentDetectionError, match="no master address"):
+        resolve(JobSpec(script="x.py", nproc_per_node=1), detect({}, Overrides(nnodes=2, node_rank=0)).placement(), {})
+
+
+@pytest.mark.parametrize("request_,env,expected", [
+    (3, {}, 3),
+    ("auto", {"CUDA_VISIBLE_DEVICES": "0,1,2"}, 3),
+    ("gpu", {"CUDA_VISIBLE_DEVICES": "4,5"}, 2),
+    ("auto", {"CUDA_VISIBLE_DEVICES": ""}, None),  # no GPU: CPU slots
+])
+def test_nproc_resolution(request_, env, expected) -> None:  # type: ignore[no-untyped-def]
+    """nproc_per_node: a number, GPUs visible, or CPU slots when there is none."""
+    from clusterddp.devices import cpu_count
+
+    topo = resolve(JobSpec(script="x.py", nproc_per_node=request_), detect({}).placement(), env)
+    assert topo.nproc_per_node == (expected or cpu_count())
+    assert topo.backend == ("nccl" if env.get("CUDA_VISIBLE_DEVICES") else "gloo")
+
+
+def test_gpu_request_without_gpu_is_an_error() -> None:
+    """nproc_per_node: gpu on a machine without GPUs says so."""
+    with pytest.raises(EnvironmentDetectionError, match="no visible GPU"):
+        resolve(JobSpec(script="x.py", nproc_per_node="gpu"), detect({}).placement(), {"CUDA_VISIBLE_DEVICES": ""})
