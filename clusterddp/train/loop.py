@@ -1,0 +1,194 @@
+"""The training loop: the helpers of this package wired together in the order they need.
+
+``train_one_epoch`` is the step loop (AMP, one agreed all-reduce per step for loss, NaN
+and preemption, heartbeat, rank-0 bar). ``fit`` adds the epoch loop around it: resume,
+``set_epoch``, evaluation, TensorBoard, a checkpoint per epoch, and the preemption exit.
+Scripts with unusual needs can use the pieces directly; the example jobs use ``fit``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from clusterddp.train.amp import Amp
+from clusterddp.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from clusterddp.train.data import set_epoch
+from clusterddp.train.dist import DistContext, all_gather_objects
+from clusterddp.train.evaluation import evaluate, move_to
+from clusterddp.train.exitcodes import PREEMPTED_EXIT_CODE
+from clusterddp.train.guard import agree_step
+from clusterddp.train.liveness import heartbeat
+from clusterddp.train.preempt import DEFAULT_SIGNALS, Preempted, PreemptionHandler
+from clusterddp.train.display import ScalarLogger, progress
+
+#: File name of the rolling checkpoint inside ``checkpoint_dir``.
+LAST_CHECKPOINT = "last.pt"
+
+Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """One (possibly partial) epoch of training, as all ranks agreed on it."""
+
+    epoch: int
+    mean_loss: float   # mean over the epoch's steps of the all-rank mean loss
+    steps_done: int    # batches of this epoch completed, counting those before a resume
+    loss_sum: float    # running sum behind mean_loss, kept for mid-epoch checkpoints
+    preempted: bool
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Everything ``fit`` needs besides the model, data and optimizer."""
+
+    epochs: int
+    checkpoint_dir: str | None = None
+    resume: str | None = None  # a checkpoint path, "auto" (checkpoint_dir/last.pt if any), None
+    tensorboard_dir: str | None = None
+    amp: bool = False
+    progress: bool = True
+    preempt_signals: Sequence[str] = DEFAULT_SIGNALS  # empty: leave signals alone
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` did; ``history`` has one dict of metrics per epoch run here."""
+
+    start_epoch: int
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
+                    criterion: Criterion, ctx: DistContext, *, epoch: int, amp: Amp,
+                    start: TrainState | None = None,
+                    preemption: PreemptionHandler | None = None,
+                    show_progress: bool = True) -> EpochResult:
+    """Run the loader's remaining batches; stop early, after a whole step, on preemption.
+
+    ``start`` continues a partly run epoch (its step and loss sum); the loader must already
+    skip those batches (``set_epoch(loader, epoch, skip_batches=start.step)``).
+    Raises ``NonFiniteLossError`` on every rank together when any rank's loss is not finite.
+    """
+    model.train()
+    steps = start.step if start else 0
+    loss_sum = start.loss_sum if start else 0.0
+    bar = progress(loader, ctx, desc=f"epoch {epoch}", enabled=show_progress)
+    preempted = False
+    try:
+        for inputs, targets in bar:
+            inputs, targets = move_to(inputs, ctx.device), move_to(targets, ctx.device)
+            with amp.autocast():
+                loss = criterion(model(inputs), targets)
+            verdict = agree_step(loss, preemption is not None and preemption.requested, ctx,
+                                 epoch=epoch, step=steps)
+            optimizer.zero_grad(set_to_none=True)
+            amp.backward(loss)
+            amp.step(optimizer)
+            steps += 1
+            loss_sum += verdict.mean_loss
+            heartbeat()
+            bar.set_description(f"epoch {epoch} loss {loss_sum / steps:.4f}", refresh=False)
+            if verdict.preempt:
+                preempted = True
+                break
+    finally:
+        bar.close()
+    mean = loss_sum / steps if steps else float("nan")
+    return EpochResult(epoch=epoch, mean_loss=mean, steps_done=steps, loss_sum=loss_sum,
+                       preempted=preempted)
+
+
+def resolve_resume(config: FitConfig) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start."""
+    if config.resume is None:
+        return None
+    if config.resume == "auto":
+        if config.checkpoint_dir is None:
+            raise ValueError("resume='auto' needs a checkpoint_dir to look in")
+        path = Path(config.checkpoint_dir) / LAST_CHECKPOINT
+        return path if path.exists() else None
+    path = Path(config.resume)
+    if not path.exists():
+        raise FileNotFoundError(f"resume checkpoint {path} does not exist")
+    return path
+
+
+def _say(ctx: DistContext, message: str) -> None:
+    if ctx.is_main:
+        print(message, flush=True)
+
+
+def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLoader,
+        criterion: Criterion, ctx: DistContext, config: FitConfig, *,
+        eval_loader: DataLoader | None = None, scheduler: Any = None) -> FitResult:
+    """Train for ``config.epochs`` epochs with per-epoch evaluation and checkpoints.
+
+    The scheduler, if any, steps once per epoch. On preemption every rank leaves through
+    ``Preempted`` (exit code 75) after the checkpoint is on disk; rerunning the same command
+    with ``resume="auto"`` continues from the interrupted step.
+    """
+    amp = Amp(ctx.device, enabled=config.amp)
+    state = TrainState()
+    resume_from = resolve_resume(config)
+    if resume_from is not None:
+        state, _ = load_checkpoint(resume_from, ctx, model=model, optimizer=optimizer,
+                                   scheduler=scheduler, amp=amp)
+        _say(ctx, f"resumed from {resume_from} at epoch {state.epoch} step {state.step}")
+    checkpoint = Path(config.checkpoint_dir) / LAST_CHECKPOINT if config.checkpoint_dir else None
+    result = FitResult(start_epoch=state.epoch)
+    scalars = ScalarLogger(config.tensorboard_dir, ctx)
+    handler = PreemptionHandler(config.preempt_signals) if config.preempt_signals else None
+    if handler is not None:
+        handler.install()
+    try:
+        for epoch in range(state.epoch, config.epochs):
+            partial = state if epoch == state.epoch and state.step else None
+            set_epoch(train_loader, epoch, skip_batches=partial.step if partial else 0)
+            trained = train_one_epoch(model, train_loader, optimizer, criterion, ctx,
+                                      epoch=epoch, amp=amp, start=partial, preemption=handler,
+                                      show_progress=config.progress)
+            if trained.preempted:
+                where = TrainState(epoch, trained.steps_done, trained.loss_sum)
+                saved = None
+                if checkpoint is not None:
+                    saved = str(save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
+                                                scheduler=scheduler, amp=amp, state=where))
+                # The signal may have reached only some ranks: say which, from rank 0.
+                names = all_gather_objects(handler.signal_name if handler else None)
+                signal_name = next((n for n in names if n), None)
+                who = ", ".join(f"{n} on rank {r}" for r, n in enumerate(names) if n)
+                if ctx.is_main:
+                    print(f"clusterddp.train: preempted by {who} at epoch {epoch} step "
+                          f"{trained.steps_done}; checkpoint {saved or '(none: no checkpoint_dir)'}; "
+                          f"exiting with code {PREEMPTED_EXIT_CODE}", file=sys.stderr, flush=True)
+                raise Preempted(saved, signal_name)
+            if scheduler is not None:
+                scheduler.step()
+            metrics = {"train/loss": trained.mean_loss,
+                       "train/lr": optimizer.param_groups[0]["lr"]}
+            line = f"epoch {epoch + 1}/{config.epochs}: train loss {trained.mean_loss:.4f}"
+            if eval_loader is not None:
+                evaluated = evaluate(model, eval_loader, ctx, criterion=criterion, amp=amp)
+                metrics["eval/loss"] = evaluated.mean_loss
+                metrics["eval/accuracy"] = evaluated.accuracy
+                line += (f", eval loss {evaluated.mean_loss:.4f}, accuracy "
+                         f"{evaluated.accuracy:.4f} ({evaluated.correct}/{evaluated.total})")
+            scalars.log(metrics, epoch + 1)
+            _say(ctx, line)
+            result.history.append(metrics)
+            if checkpoint is not None:
+                save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
+                                scheduler=scheduler, amp=amp, state=TrainState(epoch + 1))
+    finally:
+        if handler is not None:
+            handler.uninstall()
+        scalars.close()
+    return result
