@@ -1,0 +1,26 @@
+"""README's two set-up commands stay true: CI runs the second one verbatim."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import REPO
+
+
+def _readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```\n(.*?)```", quick, flags=re.S)]
+
+
+def test_readme_has_exactly_two_setup_commands() -> None:
+    """The quick start has two one-line commands: run the default job, run the tests."""
+    commands = _readme_commands()
+    assert len(commands) == 2 and all("\n" not in c for c in commands)
+    assert commands[0].endswith("clusterddp run jobs/hello.yaml")
+    assert "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run contains the README's test command verbatim."""
+    assert _readme_commands()[1] in (REPO / ".ci" / "run").read_text()
