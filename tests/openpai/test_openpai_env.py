@@ -205,3 +205,13 @@ def test_placement_changes_nothing() -> None:
     before = dict(env)
     placement(env, JobOverrides(job=replace(JobSpec(name="j", script="t.py"), nodes=2)))
     assert env == before
+
+
+def test_detection_order_places_openpai_after_torchrun_and_before_slurm() -> None:
+    """detect(): OpenPAI's variables win over SLURM's, an outer torchrun's win over OpenPAI's."""
+    from clusterddp.envs import detect
+
+    env = env_for(TaskRole("worker", 2, IPS[:2]), 1)
+    assert detect(env).name == "openpai"
+    assert detect({**env, "SLURM_JOB_ID": "7", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1"}).name == "openpai"
+    assert detect({**env, "MASTER_ADDR": "10.0.0.9", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}).name == "torchrun"
