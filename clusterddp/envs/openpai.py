@@ -131,7 +131,7 @@ class OpenPAIEnv(ClusterEnv):
         raise EnvironmentDetectionError(
             f"openpai: {HOST_IP.format(r=convert_name(role), index=0)} is not set, so this task cannot "
             "find task 0: the job runs without gang allocation and the other tasks' IPs are unknown",
-            "enable gang allocation (extras.gangAllocation: true, as 'clusterddp render openpai' writes)")
+            "set extras.gangAllocation: true in the OpenPAI job; 'clusterddp render openpai' does")
 
     def _port(self, role: str, job_label: str) -> _Port | None:
         """Task 0's first port of the rendezvous label.

@@ -123,7 +123,8 @@ class OpenPAIClient:
         """Submit a protocol-v2 job; the job id ``<user>~<name>`` when the server accepts it."""
         name = _job_name(spec_yaml)
         reply = self._request("POST", "/api/v2/jobs", spec_yaml.encode("utf-8"), "text/yaml", job=name)
-        message = str((reply.json() or {}).get("message", ""))
+        data = reply.json()
+        message = str(data.get("message", "")) if isinstance(data, dict) else ""
         user = _user_from_message(message) or _user_from_token(self.token)
         return f"{user}~{name}" if user else name
 

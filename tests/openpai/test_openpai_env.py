@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 from pai_runtime import SEED_VARIABLES, TaskRole, convert_name, port_list, pod_uid, runtime_env
@@ -203,7 +203,7 @@ def test_placement_changes_nothing() -> None:
     """Reading the placement leaves the given mapping untouched."""
     env = env_for(TaskRole("worker", 2, IPS[:2]), 0)
     before = dict(env)
-    placement(env, JobOverrides(job=replace(JobSpec(name="j", script="t.py"), nodes=2)))
+    placement(env, JobOverrides(job=JobSpec(name="j", script="t.py", nodes=2)))
     assert env == before
 
 
