@@ -203,10 +203,13 @@ def remove_leftovers() -> None:
             inodes.add(os.stat(f"{NETNS_DIR}/{name}").st_ino)
     if inodes:
         _terminate([pid for ino in inodes for pid in pids_in_netns(ino)], grace=1.0)
+    # Delete our links explicitly: a deleted namespace's veth ends vanish only when the kernel
+    # gets round to destroying the namespace, and the next lab would trip over them.
+    links = sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith(PREFIX))
+    if links:
+        _ip_batch([f"link del {name}" for name in links], check=False)
     if names:
         _ip_batch([f"netns del {n}" for n in names])
-    if Path(f"/sys/class/net/{BRIDGE}").exists():
-        _ip("link", "del", BRIDGE, check=False)
 
 
 def pids_in_netns(inode: int) -> list[int]:
@@ -367,8 +370,8 @@ def _ip(*args: str, check: bool = True) -> None:
     subprocess.run(["ip", *args], check=check, capture_output=True)
 
 
-def _ip_batch(commands: list[str], netns: str | None = None) -> None:
-    argv = ["ip", *(["-n", netns] if netns else []), "-batch", "-"]
+def _ip_batch(commands: list[str], netns: str | None = None, check: bool = True) -> None:
+    argv = ["ip", *(["-n", netns] if netns else []), "-force", "-batch", "-"]
     proc = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True)
-    if proc.returncode != 0:
+    if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")

@@ -1,0 +1,58 @@
+"""The head's closing report: which host failed first, and what became of every host."""
+
+from __future__ import annotations
+
+from clusterddp.launch.ssh.relay import Outcome, RemoteLauncher
+
+
+def format_outcome(job_name: str, outcome: Outcome) -> str:
+    """Root cause first (host, node rank, rank, exit, log, last lines), then one line per host."""
+    root = outcome.root
+    lines: list[str] = []
+    if root is not None:
+        lines.append(f"clusterddp: job '{job_name}' failed on {root.name}: {_what(root)}")
+        lines.append("  root cause (first failure across hosts):")
+        lines.append(f"    host:       {root.name} ({root.session.host.address}), node rank {root.plan.node_rank}")
+        cause = (root.result or {}).get("root_cause")
+        if cause:
+            exit_text = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
+            lines.append(f"    rank:       {cause.get('rank')} (local rank {cause.get('local_rank')}), "
+                         f"pid {cause.get('pid')}")
+            lines.append(f"    exit:       {exit_text}")
+            lines.append(f"    log:        {cause.get('log')} (on {root.name})")
+            if cause.get("tail"):
+                lines.append("    last lines:")
+                lines.extend(f"      {line}" for line in cause["tail"])
+    elif outcome.exit_code != 0:
+        lines.append(f"clusterddp: job '{job_name}' stopped: {outcome.stop_reason or 'a host failed'}")
+    else:
+        return ""
+    lines.append("  hosts:")
+    for launcher in outcome.launchers:
+        lines.append(f"    {launcher.name:<16} node {launcher.plan.node_rank:<3} {_state(launcher)}")
+    return "\n".join(lines)
+
+
+def _what(launcher: RemoteLauncher) -> str:
+    if launcher.lost:
+        return launcher.lost
+    cause = (launcher.result or {}).get("root_cause")
+    if cause:
+        outcome = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
+        return f"rank {cause.get('rank')} {outcome}"
+    reason = (launcher.result or {}).get("reason")
+    return f"launcher exit code {launcher.exit_code}" + (f" ({reason})" if reason else "")
+
+
+def _state(launcher: RemoteLauncher) -> str:
+    if launcher.lost:
+        return launcher.lost
+    if not launcher.done:
+        return "did not report back (stopped by process-group kill or unreachable)"
+    code = launcher.exit_code
+    if code == 0:
+        return "finished (exit 0)"
+    cause = (launcher.result or {}).get("root_cause")
+    if launcher.eof_sent and not (cause and not cause.get("stopped_by_us")):
+        return f"stopped by clusterddp (exit {code})"
+    return f"failed: {_what(launcher)}"
