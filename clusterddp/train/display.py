@@ -30,8 +30,15 @@ class _Silent:
 
 
 def progress(iterable: Iterable[Any], ctx: DistContext, *, desc: str = "",
-             total: int | None = None, enabled: bool = True) -> Any:
-    """A tqdm bar on rank 0 (on stderr), a silent pass-through elsewhere or when disabled."""
+             total: int | None = None, enabled: bool | None = None) -> Any:
+    """A tqdm bar on rank 0 (on stderr), a silent pass-through elsewhere or when disabled.
+
+    ``enabled=None`` means "when stderr is a terminal": in a log file (the launcher's, a
+    SLURM output file) a bar is a stream of carriage returns, and the per-epoch summary
+    line says the same.
+    """
+    if enabled is None:
+        enabled = sys.stderr.isatty()
     if not (enabled and ctx.is_main):
         return _Silent(iterable)
     from tqdm import tqdm

@@ -91,6 +91,19 @@ def _pick_timeout(timeout: timedelta | float | None) -> timedelta:
     return DEFAULT_TIMEOUT
 
 
+def _share_cores(where: DistEnv, env: Mapping[str, str]) -> None:
+    # N ranks on one node each starting one thread per core oversubscribe the CPU many
+    # times over (torchrun sets OMP_NUM_THREADS=1 for this reason). Unless the user chose,
+    # give each rank its share of the cores.
+    if where.local_world_size <= 1 or "OMP_NUM_THREADS" in env:
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // where.local_world_size))
+
+
 def _init_method(where: DistEnv) -> str:
     host = f"[{where.master_addr}]" if ":" in where.master_addr else where.master_addr
     return f"tcp://{host}:{where.master_port}"
@@ -113,6 +126,7 @@ def init_distributed(backend: str | None = None, timeout: timedelta | float | No
     where = read_dist_env(os.environ if env is None else env,
                           sys.argv[1:] if argv is None else argv)
     device = _pick_device(where.local_rank)
+    _share_cores(where, os.environ if env is None else env)
     if not where.distributed:
         _context = DistContext(rank=0, world_size=1, local_rank=where.local_rank,
                                local_world_size=where.local_world_size, device=device,

@@ -54,7 +54,7 @@ class FitConfig:
     resume: str | None = None  # a checkpoint path, "auto" (checkpoint_dir/last.pt if any), None
     tensorboard_dir: str | None = None
     amp: bool = False
-    progress: bool = True
+    progress: bool | None = None  # rank-0 tqdm bar; None: only when stderr is a terminal
     preempt_signals: Sequence[str] = DEFAULT_SIGNALS  # empty: leave signals alone
 
 
@@ -70,7 +70,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                     criterion: Criterion, ctx: DistContext, *, epoch: int, amp: Amp,
                     start: TrainState | None = None,
                     preemption: PreemptionHandler | None = None,
-                    show_progress: bool = True) -> EpochResult:
+                    show_progress: bool | None = None) -> EpochResult:
     """Run the loader's remaining batches; stop early, after a whole step, on preemption.
 
     ``start`` continues a partly run epoch (its step and loss sum); the loader must already

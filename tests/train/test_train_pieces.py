@@ -1,0 +1,252 @@
+"""Unit tests of the small pieces of clusterddp.train, in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from clusterddp import train as T
+from clusterddp.train import liveness
+from clusterddp.train.data import ResumableDistributedSampler, ShardSampler, default_num_workers
+from clusterddp.train.shards import merge_shards, shard_path, write_shard
+
+
+def single() -> T.DistContext:
+    return T.init_distributed(env={}, argv=[])
+
+
+@pytest.mark.parametrize("size, world", [(10, 3), (7, 2), (2, 4), (0, 2), (12, 4)])
+def test_shard_sampler_covers_every_index_exactly_once(size: int, world: int) -> None:
+    """Union of the ranks' shards is 0..size-1, no repeats, and len() is what iteration yields."""
+    data = list(range(size))
+    seen = []
+    for rank in range(world):
+        shard = list(ShardSampler(data, world, rank))
+        assert len(shard) == len(ShardSampler(data, world, rank))
+        seen += shard
+    assert sorted(seen) == data
+
+
+def test_resumable_sampler_skip_yields_the_tail_of_the_same_epoch() -> None:
+    """Skipping n samples gives exactly what an uninterrupted epoch yields after n."""
+    data = list(range(50))
+    full = ResumableDistributedSampler(data, num_replicas=2, rank=1, seed=4)
+    full.set_epoch(3)
+    part = ResumableDistributedSampler(data, num_replicas=2, rank=1, seed=4)
+    part.set_epoch(3, skip=10)
+    assert list(part) == list(full)[10:] and len(part) == 15
+    part.set_epoch(4)
+    assert len(list(part)) == 25 and list(part) != list(full)
+
+
+def test_set_epoch_reshuffles_and_skips_whole_batches() -> None:
+    """set_epoch changes the order per epoch and skip_batches drops batches, not samples."""
+    ctx = single()
+    loader = T.make_train_loader(TensorDataset(torch.arange(40)), 4, ctx, num_workers=0)
+    T.set_epoch(loader, 0)
+    epoch0 = [b[0].tolist() for b in loader]
+    T.set_epoch(loader, 1)
+    epoch1 = [b[0].tolist() for b in loader]
+    assert epoch0 != epoch1 and sorted(sum(epoch0, [])) == list(range(40))
+    T.set_epoch(loader, 0, skip_batches=3)
+    assert [b[0].tolist() for b in loader] == epoch0[3:]
+    assert not loader.pin_memory  # no CUDA here
+
+
+def test_default_num_workers_leaves_a_core_per_rank_and_caps_at_eight() -> None:
+    """Loader workers never exceed the rank's share of cores minus one, nor 8."""
+    cores = len(os.sched_getaffinity(0))
+    assert default_num_workers(1) == max(0, min(8, cores - 1))
+    assert default_num_workers(cores) == 0
+
+
+def test_freeze_by_pattern_with_keep_and_typo_guard() -> None:
+    """'*' minus 'fc.*' freezes all but the head; a pattern matching nothing raises."""
+    model = nn.Sequential()
+    model.add_module("body", nn.Linear(2, 2))
+    model.add_module("fc", nn.Linear(2, 1))
+    frozen = T.freeze_parameters(model, ["*"], keep=["fc.*"])
+    assert frozen == ["body.weight", "body.bias"]
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["fc.weight", "fc.bias"]
+    with pytest.raises(ValueError, match="matches no parameter"):
+        T.freeze_parameters(model, ["layer9.*"])
+
+
+def test_scale_lr_is_opt_in_and_rules_are_exact() -> None:
+    """none keeps lr, linear multiplies by the world size, sqrt by its root."""
+    assert T.scale_lr(0.1, 8, "none") == 0.1
+    assert T.scale_lr(0.1, 8, "linear") == pytest.approx(0.8)
+    assert T.scale_lr(0.1, 4, "sqrt") == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        T.scale_lr(0.1, 4, "cubic")
+
+
+def test_single_process_context_makes_helpers_no_ops() -> None:
+    """Without a launcher: rank 0 of 1, no process group, collectives return their input."""
+    ctx = single()
+    assert (ctx.rank, ctx.world_size, ctx.distributed, ctx.is_main) == (0, 1, False, True)
+    assert T.get_rank() == 0 and T.get_world_size() == 1 and T.is_main_process()
+    T.barrier()
+    x = torch.tensor([1.5])
+    assert T.reduce_value(x) is x and T.reduce_value(2.0, average=False) == 2.0
+    model = nn.Linear(2, 2)
+    assert T.prepare_model(model, ctx, sync_bn=True) is model  # no DDP, no SyncBN
+
+
+def test_sync_batchnorm_is_skipped_on_cpu_with_a_reason(capsys) -> None:
+    """torch has no CPU SyncBatchNorm: the switch keeps BatchNorm and rank 0 says so."""
+    ctx = T.DistContext(rank=0, world_size=2, local_rank=0, local_world_size=2,
+                        device=torch.device("cpu"), backend="gloo", source="test")
+    model = nn.Sequential(nn.BatchNorm1d(3))
+    assert T.convert_sync_batchnorm(model, ctx) is model
+    assert isinstance(model[0], nn.BatchNorm1d)
+    assert "SyncBatchNorm needs GPUs" in capsys.readouterr().err
+
+
+def test_agree_step_raises_on_nan_and_reports_preemption() -> None:
+    """A finite loss passes with its value and the preempt flag; NaN raises the clear error."""
+    ctx = single()
+    verdict = T.agree_step(torch.tensor(0.25), True, ctx, epoch=1, step=2)
+    assert verdict.mean_loss == 0.25 and verdict.preempt
+    with pytest.raises(T.NonFiniteLossError, match="epoch 3 step 4 on rank 0 \\(inf\\)"):
+        T.agree_step(torch.tensor(float("inf")), False, ctx, epoch=3, step=4)
+
+
+def test_preemption_handler_only_sets_a_flag_and_restores_handlers() -> None:
+    """A real SIGUSR1 sets requested (the process lives on); uninstall restores the old handler."""
+    before = signal.getsignal(signal.SIGUSR1)
+    with T.PreemptionHandler(["USR1"]) as handler:
+        assert not handler.requested
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert handler.requested and handler.signal_name == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is before
+    with pytest.raises(ValueError, match="unknown signal"):
+        T.PreemptionHandler(["SIGNOPE"])
+
+
+def test_preempted_exits_with_75() -> None:
+    """Preempted is a SystemExit carrying EX_TEMPFAIL, so finally blocks run and no traceback."""
+    exc = T.Preempted("ckpt.pt", "SIGTERM")
+    assert isinstance(exc, SystemExit) and exc.code == T.PREEMPTED_EXIT_CODE == 75
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path: Path) -> None:
+    """A failed save leaves the previous checkpoint intact and no temp file behind."""
+    path = tmp_path / "last.pt"
+    T.atomic_save({"v": torch.tensor(1)}, path)
+    with pytest.raises(Exception):
+        T.atomic_save({"v": lambda: 0}, path)  # lambdas cannot be pickled
+    assert torch.load(path, weights_only=True)["v"].item() == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_checkpoint_round_trip_restores_model_optimizer_position_and_rng(tmp_path: Path) -> None:
+    """Loading restores weights, optimizer momentum, epoch/step and the RNG stream."""
+    ctx = single()
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    T.save_checkpoint(tmp_path / "c.pt", ctx, model=model, optimizer=opt,
+                      state=T.TrainState(epoch=2, step=5, loss_sum=1.5))
+    expected_draw = torch.rand(3)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+
+    fresh = nn.Linear(3, 2)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(999)
+    state, _ = T.load_checkpoint(tmp_path / "c.pt", ctx, model=fresh, optimizer=fresh_opt)
+    assert state == T.TrainState(epoch=2, step=5, loss_sum=1.5)
+    assert torch.equal(torch.rand(3), expected_draw)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, weights[k])
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["momentum_buffer"],
+                       opt.state_dict()["state"][0]["momentum_buffer"])
+
+
+def test_evaluate_refuses_a_padding_distributed_sampler() -> None:
+    """The seeds' DistributedSampler eval loader is rejected instead of miscounting."""
+    ctx = single()
+    data = TensorDataset(torch.randn(5, 2), torch.zeros(5, dtype=torch.long))
+    padded = DataLoader(data, sampler=DistributedSampler(data, num_replicas=2, rank=0))
+    with pytest.raises(ValueError, match="pads 5 samples to 6"):
+        T.evaluate(nn.Linear(2, 2), padded, ctx)
+
+
+def test_evaluate_counts_exactly_and_restores_training_mode() -> None:
+    """Accuracy is correct/total over every sample; the model goes back to train mode."""
+    ctx = single()
+    model = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(2))
+    x = torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 1], [1, 0]])
+    y = torch.tensor([0, 1, 1, 1, 0])
+    result = T.evaluate(model, T.make_eval_loader(TensorDataset(x, y), 2, ctx, num_workers=0), ctx)
+    assert (result.correct, result.total, result.accuracy) == (4, 5, 0.8)
+    assert model.training
+
+
+def test_amp_on_cpu_uses_bfloat16_autocast_and_no_scaler() -> None:
+    """CPU AMP: matmuls run in bfloat16, the GradScaler is inactive; disabled AMP is float32."""
+    on = T.Amp(torch.device("cpu"), enabled=True)
+    with on.autocast():
+        assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.bfloat16
+    assert not on.scaler.is_enabled() and on.state_dict() == {}
+    with T.Amp(torch.device("cpu")).autocast():
+        assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.float32
+
+
+def test_merge_orders_rows_drops_identical_repeats_and_checks_coverage(tmp_path: Path) -> None:
+    """Shards merge in index order; a padded repeat is dropped; gaps and conflicts raise."""
+    write_shard([{"index": 0, "p": 1}, {"index": 2, "p": 3}, {"index": 0, "p": 1}], tmp_path, "r", 0)
+    write_shard([{"index": 1, "p": 2}], tmp_path, "r", 1)
+    merged = merge_shards(tmp_path, "r", 2, tmp_path / "m.jsonl", expected=3)
+    assert [json.loads(line) for line in merged.open()] == [
+        {"index": 0, "p": 1}, {"index": 1, "p": 2}, {"index": 2, "p": 3}]
+    with pytest.raises(ValueError, match="1 missing"):
+        merge_shards(tmp_path, "r", 2, tmp_path / "m.jsonl", expected=4)
+    with pytest.raises(FileNotFoundError, match="1 of 3 result shards are missing"):
+        merge_shards(tmp_path, "r", 3, tmp_path / "m.jsonl")
+    write_shard([{"index": 1, "p": 9}], tmp_path, "r", 0)
+    with pytest.raises(ValueError, match="two different results"):
+        merge_shards(tmp_path, "r", 2, tmp_path / "m.jsonl")
+    with pytest.raises(ValueError, match="integer 'index'"):
+        write_shard([{"p": 1}], tmp_path, "r", 0)
+    assert shard_path(tmp_path, "r", 3).name == "r.rank00003.jsonl"
+
+
+def test_heartbeat_touches_the_file_at_most_once_per_second(tmp_path: Path, monkeypatch) -> None:
+    """First call creates the file, calls within a second are dropped, no env var means off."""
+    liveness.reset()
+    assert not T.heartbeat()  # env var unset
+    beat = tmp_path / "beat"
+    monkeypatch.setenv("CLUSTERDDP_HEARTBEAT_FILE", str(beat))
+    liveness.reset()
+    assert T.heartbeat() and beat.exists()
+    os.utime(beat, (0, 0))
+    assert not T.heartbeat() and beat.stat().st_mtime == 0
+    monkeypatch.setattr(liveness, "_last_touch", time.monotonic() - 1.5)
+    assert T.heartbeat() and beat.stat().st_mtime > 0
+    liveness.reset()
+
+
+def test_scalar_logger_writes_tensorboard_events_on_rank_zero_only(tmp_path: Path) -> None:
+    """Rank 0 gets an event file; rank 1 writes nothing."""
+    main = single()
+    other = T.DistContext(rank=1, world_size=2, local_rank=1, local_world_size=2,
+                          device=torch.device("cpu"), backend="gloo", source="test")
+    for ctx, sub in ((main, "r0"), (other, "r1")):
+        logger = T.ScalarLogger(str(tmp_path / sub), ctx)
+        logger.log({"train/loss": 1.0}, 1)
+        logger.close()
+    assert list((tmp_path / "r0").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "r1").exists()
