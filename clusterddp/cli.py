@@ -177,11 +177,11 @@ def _load(args: argparse.Namespace):  # -> JobSpec
     return job.with_overrides(logs=logs, **changes)
 
 
-def _overrides(args: argparse.Namespace):  # -> Overrides
+def _overrides(args: argparse.Namespace, job=None):  # type: ignore[no-untyped-def]  # -> Overrides
     from clusterddp.envs import Overrides
 
     return Overrides(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                     master_port=args.master_port, run_id=args.run_id)
+                     master_port=args.master_port, run_id=args.run_id, job=job)
 
 
 def _wants_fanout(job, args: argparse.Namespace, overrides) -> bool:  # type: ignore[no-untyped-def]
@@ -192,7 +192,7 @@ def _wants_fanout(job, args: argparse.Namespace, overrides) -> bool:  # type: ig
 
 def _run(args: argparse.Namespace) -> int:
     job = _load(args)
-    overrides = _overrides(args)
+    overrides = _overrides(args, job)
     if _wants_fanout(job, args, overrides):
         from clusterddp.launch.ssh.fanout import run_fanout_from_cli
 
@@ -209,9 +209,9 @@ def _env(args: argparse.Namespace) -> int:
 
     args.script_command = []
     job = _load(args) if args.job else JobSpec(name="env", script="-", nproc_per_node=args.nproc_per_node or "auto")
-    environment = detect(dict(os.environ), _overrides(args))
+    environment = detect(dict(os.environ), _overrides(args, job if args.job else None))
     placement = environment.placement()
-    topology = resolve(job, placement, dict(os.environ), master_port=args.master_port)
+    topology = resolve(job, placement, dict(os.environ), master_port=args.master_port, nnodes=args.nnodes)
     if args.json:
         data = asdict(topology)
         data["world_size"] = topology.world_size

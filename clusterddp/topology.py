@@ -124,24 +124,26 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str]) ->
         return request
     if request == "cpu":
         return cpu_count()
+    gpus = gpu_count(env)
+    if request == "gpu" and gpus == 0:
+        raise EnvironmentDetectionError("nproc_per_node is 'gpu' but this node has no visible GPU",
+                                        "use 'auto' or a number to run on CPU slots")
     if placement.nproc_per_node:
         return placement.nproc_per_node
-    gpus = gpu_count(env)
-    if request == "gpu":
-        if gpus == 0:
-            raise EnvironmentDetectionError("nproc_per_node is 'gpu' but this node has no visible GPU",
-                                            "use 'auto' or a number to run on CPU slots")
-        return gpus
     return gpus or cpu_count()  # 'auto', as torchrun: GPUs if any, else CPU cores
 
 
 def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
-            master_port: int | None = None) -> Topology:
+            master_port: int | None = None, nnodes: int | None = None) -> Topology:
     """Combine the environment's placement with the job file into this node's Topology.
 
     Precedence for the master: the environment's answer, then the job file's ``master``;
     for the port, then (one node) a free port or (several nodes) one derived from the run id.
     """
+    if nnodes is not None and nnodes != placement.nnodes:
+        raise EnvironmentDetectionError(
+            f"{placement.env} says this job has {placement.nnodes} node(s) but --nnodes says {nnodes}",
+            "drop --nnodes, or also give --node-rank and --master-addr to place this node by hand")
     nproc = resolve_nproc(job, placement, env)
     run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or _default_run_id(job, placement)
     addr = placement.master_addr or job.master.addr

@@ -9,8 +9,11 @@ its answer with the job file.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Mapping
+
+if TYPE_CHECKING:
+    from clusterddp.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,18 @@ class Overrides:
     master_addr: str | None = None
     master_port: int | None = None
     run_id: str | None = None
+    #: The job being run, for environments whose variable names depend on it (OpenPAI's
+    #: task role and port label); None for ``clusterddp env`` without a job file.
+    job: "JobSpec | None" = field(default=None, compare=False)
 
     @property
     def any_given(self) -> bool:
-        return any(v is not None for v in (self.nnodes, self.node_rank, self.master_addr))
+        """A node rank or master on the command line: the user places this node by hand.
+
+        ``--nnodes`` alone does not count: under SLURM or OpenPAI it only cross-checks the
+        scheduler's count (see ``topology.resolve``).
+        """
+        return self.node_rank is not None or self.master_addr is not None
 
 
 @dataclass(frozen=True)

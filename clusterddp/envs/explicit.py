@@ -12,7 +12,7 @@ from clusterddp.errors import EnvironmentDetectionError
 
 class ExplicitEnv(ClusterEnv):
     name = "explicit"
-    looks_for = "--nnodes, --node-rank, --master-addr (or CLUSTERDDP_NNODES, ...)"
+    looks_for = "--node-rank or --master-addr, with --nnodes (or CLUSTERDDP_NODE_RANK, ...)"
 
     def detected(self) -> bool:
         return self.overrides.any_given

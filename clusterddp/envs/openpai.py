@@ -91,7 +91,7 @@ class OpenPAIEnv(ClusterEnv):
     def _job(self) -> JobSpec | None:
         # ``clusterddp run JOB`` passes the job along with the CLI overrides; there is none for
         # ``run -- train.py``, and then the defaults are those of the spec ``render`` writes.
-        return getattr(self.overrides, "job", None)
+        return self.overrides.job
 
     def _job_section(self) -> OpenPAISpec:
         job = self._job()

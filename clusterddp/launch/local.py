@@ -21,7 +21,8 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str]) -> 
     environment = detect(env, overrides)
     relaunch = environment.relaunch(list(sys.argv))
     placement = environment.placement()
-    return resolve(job, placement, env, master_port=overrides.master_port), relaunch
+    topology = resolve(job, placement, env, master_port=overrides.master_port, nnodes=overrides.nnodes)
+    return topology, relaunch
 
 
 def supervisor_options(job: JobSpec, args: argparse.Namespace) -> SupervisorOptions:

@@ -21,6 +21,8 @@ def test_wheel_installs_in_a_fresh_venv_and_ships_templates(tmp_path: Path) -> N
     wheel = next(dist.glob("clusterddp-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "clusterddp/templates/slurm.sbatch" in names and "clusterddp/templates/openpai.yaml" in names
+    modules = {str(p.relative_to(REPO)) for p in (REPO / "clusterddp").rglob("*.py")}
+    assert modules <= set(names), sorted(modules - set(names))  # setup.cfg lists every package
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], check=True, capture_output=True,
