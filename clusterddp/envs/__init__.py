@@ -21,6 +21,8 @@ ORDER: tuple[str, ...] = (
     "clusterddp.envs.openpai:OpenPAIEnv",
     # SLURM: per-node launcher inside srun, or the batch script (which relaunches with srun).
     "clusterddp.envs.slurm:SlurmEnv",
+    # MPI after SLURM: srun with PMI also sets PMI_RANK, and SLURM's own variables say more.
+    "clusterddp.envs.mpi:MPIEnv",
     # Last: one machine, loopback master. Always matches.
     "clusterddp.envs.local:LocalEnv",
 )

@@ -115,3 +115,24 @@ def test_gpu_request_without_gpu_is_an_error() -> None:
     """nproc_per_node: gpu on a machine without GPUs says so."""
     with pytest.raises(EnvironmentDetectionError, match="no visible GPU"):
         resolve(JobSpec(script="x.py", nproc_per_node="gpu"), detect({}).placement(), {"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_mpi_one_launcher_per_node() -> None:
+    """Open MPI with one launcher per node: MPI rank = node rank; MASTER_ADDR required."""
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+           "MASTER_ADDR": "n0"}
+    placement = detect(env).placement()
+    assert (placement.env, placement.nnodes, placement.node_rank, placement.master_addr) == ("mpi", 4, 1, "n0")
+    with pytest.raises(EnvironmentDetectionError, match="MASTER_ADDR"):
+        detect({"PMI_RANK": "0", "PMI_SIZE": "2"}).placement()
+    with pytest.raises(EnvironmentDetectionError, match="one launcher per node"):
+        detect(dict(env, OMPI_COMM_WORLD_LOCAL_SIZE="8")).placement()
+
+
+def test_nnodes_flag_cross_checks_the_scheduler() -> None:
+    """--nnodes alone does not take over detection; a disagreeing count is an error."""
+    env = {"MASTER_ADDR": "h0", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2"}
+    environment = detect(env, Overrides(nnodes=3))
+    assert environment.name == "torchrun"
+    with pytest.raises(EnvironmentDetectionError, match="--nnodes says 3"):
+        resolve(JobSpec(script="x.py", nproc_per_node=1), environment.placement(), env, nnodes=3)
