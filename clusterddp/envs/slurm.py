@@ -21,6 +21,9 @@ first; ``SLURM_NTASKS_PER_NODE`` is only the ``--ntasks-per-node`` request, neve
 
 from __future__ import annotations
 
+import os
+import sys
+
 from clusterddp.envs.base import ClusterEnv, Placement
 from clusterddp.errors import EnvironmentDetectionError, HostlistError
 from clusterddp.hostlist import expand_hostlist, expand_tasks_per_node
@@ -93,7 +96,7 @@ class SlurmEnv(ClusterEnv):
         cpus = self.first_int_var(CPUS_PER_TASK)
         if cpus:
             command.append(f"--cpus-per-task={cpus}")
-        return [*command, *argv]
+        return [*command, *_executable(argv)]
 
     def _batch_placement(self) -> Placement:
         """What the batch script sees: node 0 of the allocation, about to relaunch with srun."""
@@ -166,3 +169,14 @@ class SlurmEnv(ClusterEnv):
     def _which(self, names: tuple[str, ...]) -> str:
         """The first of ``names`` that is set (for messages)."""
         return next((n for n in names if self.env.get(n, "").strip()), names[0])
+
+
+def _executable(argv: list[str]) -> list[str]:
+    """``argv`` as a command srun can execute on every node.
+
+    Under ``python -m clusterddp`` ``sys.argv[0]`` is the path of ``__main__.py``, which is
+    not executable; it becomes this interpreter with ``-m clusterddp``.
+    """
+    if argv and os.path.basename(argv[0]) == "__main__.py":
+        return [sys.executable, "-m", "clusterddp", *argv[1:]]
+    return list(argv)

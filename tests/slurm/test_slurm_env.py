@@ -137,6 +137,14 @@ def test_batch_script_relaunches_with_srun() -> None:
                        "--cpus-per-task=8", *argv]
 
 
+def test_relaunch_of_python_dash_m() -> None:
+    """Under 'python -m clusterddp' (argv[0] is __main__.py) srun gets the interpreter and -m."""
+    import sys
+
+    command = SlurmEnv(BATCH, Overrides()).relaunch(["/src/clusterddp/__main__.py", "run", "x.yaml"])
+    assert command is not None and command[-5:] == [sys.executable, "-m", "clusterddp", "run", "x.yaml"]
+
+
 def test_relaunched_launchers_do_not_relaunch() -> None:
     """Inside the srun step (SLURM_STEP_ID set) relaunch is None, so the fan-out cannot loop."""
     assert SlurmEnv(PER_NODE, Overrides()).relaunch(["clusterddp", "run", "x.yaml"]) is None

@@ -7,6 +7,9 @@ Layout (facts behind it: ../shared/TESTBEDS.md)::
       ├─ veth cdslurmv1 ── netns cdslurm1: eth0 10.79.0.2/24, slurmd -N cdslurm1
       └─ veth cdslurmv2 ── netns cdslurm2: eth0 10.79.0.3/24, slurmd -N cdslurm2
 
+A requeued job waits the credential lifetime before it may start again (slurm.conf.5,
+``cred_expire``, default 120 s); the lab sets it to 10 s so requeue tests take seconds.
+
 Each daemon starts under ``nsenter --net`` + ``unshare --uts --mount`` (not ``ip netns exec``,
 which remounts /sys and kills slurmd) with its own hostname and a lab ``/etc/hosts``
 bind-mounted, so job steps resolve node names without the system resolver. Everything lives
@@ -53,7 +56,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=10
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
