@@ -48,6 +48,7 @@ def test_worker_failure_on_host3_stops_every_host(lab4: SSHLab, head_factory) ->
     _assert_clean(lab4, 10)
     cleaned_after = time.time() - failed_at
     code = head.finish()
+    print(f"worker failure on cdssh3 -> every host clean after {cleaned_after:.2f}s")
     assert cleaned_after <= 3.0, f"hosts clean {cleaned_after:.2f}s after the failure\n{head.output()}"
     assert code == 3, head.output()
     stderr = "\n".join(head.stderr)
@@ -66,6 +67,7 @@ def test_head_signal_stops_every_host(lab4: SSHLab, head_factory, signum: int) -
     _assert_clean(lab4, 10)
     seconds = time.monotonic() - sent
     code = head.finish(30)
+    print(f"{signal.Signals(signum).name} to the head -> every host clean after {seconds:.2f}s")
     assert seconds <= 3.0, f"clean after {seconds:.2f}s\n{head.output()}"
     assert code == 128 + signum, head.output()
 
@@ -77,8 +79,10 @@ def test_head_kill9_remote_workers_gone(lab4: SSHLab, head_factory) -> None:
     head.wait_for(r"ready rank", count=8)
     sent = time.monotonic()
     head.kill()
-    seconds = _assert_clean(lab4, 10)
-    assert time.monotonic() - sent <= 10.0, seconds
+    _assert_clean(lab4, 10)
+    seconds = time.monotonic() - sent
+    print(f"kill -9 of the head -> every host clean after {seconds:.2f}s")
+    assert seconds <= 10.0, seconds
 
 
 def test_link_cut_stops_everywhere_naming_host(lab4: SSHLab, head_factory) -> None:
@@ -91,6 +95,7 @@ def test_link_cut_stops_everywhere_naming_host(lab4: SSHLab, head_factory) -> No
     code = head.finish(30)
     head_seconds = time.monotonic() - cut
     clean_seconds = _assert_clean(lab4, max(0.0, 15 - head_seconds)) + head_seconds
+    print(f"link cut -> head done after {head_seconds:.2f}s, every host clean after {clean_seconds:.2f}s")
     assert head_seconds <= 15 and clean_seconds <= 15, (head_seconds, clean_seconds, head.output())
     assert code == 255, head.output()
     assert re.search(r"failed on cdssh3: connection lost", "\n".join(head.stderr)), head.output()

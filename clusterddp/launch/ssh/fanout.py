@@ -32,6 +32,7 @@ from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FDS_PER_HOST = 5
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     if job.script:
         paths.append(os.path.abspath(job.script_path()))
 
+    _raise_fd_limit(len(hosts), say)
     say(f"{len(hosts)} hosts, run id {run_id}, master {master_addr}:{master_port}; "
         f"host keys: {settings.policy_name}")
     stop = _Stop()
@@ -278,6 +280,20 @@ def _address_of(host: Host) -> str | None:
         return socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror:
         return None
+
+
+def _raise_fd_limit(n_hosts: int, say) -> None:  # type: ignore[no-untyped-def]
+    """Each host holds ~4 descriptors (socket, the channel's select pipe, the log copy): lift
+    the soft limit towards the hard one so a few hundred hosts do not hit the usual 1024."""
+    import resource
+
+    needed = FDS_PER_HOST * n_hosts + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            say(f"warning: {n_hosts} hosts need about {needed} file descriptors, the hard limit is {hard}")
 
 
 def _sayer(err: BinaryIO):  # type: ignore[no-untyped-def]
