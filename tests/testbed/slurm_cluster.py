@@ -8,7 +8,8 @@ Layout (facts behind it: ../shared/TESTBEDS.md)::
       └─ veth cdslurmv2 ── netns cdslurm2: eth0 10.79.0.3/24, slurmd -N cdslurm2
 
 A requeued job waits the credential lifetime before it may start again (slurm.conf.5,
-``cred_expire``, default 120 s); the lab sets it to 10 s so requeue tests take seconds.
+``cred_expire``, default 120 s) and then for the next periodic scheduling pass
+(``sched_interval``, default 60 s); the lab sets 10 s and 1 s so requeue tests take seconds.
 
 Each daemon starts under ``nsenter --net`` + ``unshare --uts --mount`` (not ``ip netns exec``,
 which remounts /sys and kills slurmd) with its own hostname and a lab ``/etc/hosts``
@@ -70,6 +71,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
