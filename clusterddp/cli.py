@@ -52,7 +52,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "env":
         return _env(args)
     if args.command == "stacks":
-        from clusterddp.diagnose.stacks import stacks_main
+        from clusterddp.diagnose.request import stacks_main
 
         return stacks_main(args)
     if args.command == "doctor":

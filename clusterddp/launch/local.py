@@ -25,7 +25,7 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str]) -> 
     return topology, relaunch
 
 
-def supervisor_options(job: JobSpec, args: argparse.Namespace) -> SupervisorOptions:
+def supervisor_options(job: JobSpec, args: argparse.Namespace, run_dir: str | None = None) -> SupervisorOptions:
     return SupervisorOptions(
         job_name=job.name,
         grace_period=job.grace_period,
@@ -36,6 +36,8 @@ def supervisor_options(job: JobSpec, args: argparse.Namespace) -> SupervisorOpti
         watch_stdin=getattr(args, "watch_stdin", False),
         heartbeat_timeout=getattr(args, "heartbeat_timeout", 6.0),
         report_json=getattr(args, "report_json", False),
+        hang_timeout=job.hang_timeout,
+        run_dir=run_dir,
     )
 
 
@@ -58,7 +60,8 @@ def run_local(job: JobSpec, overrides: Overrides, args: argparse.Namespace, env:
     planning.prepare_logs(plans)
     for note in topology.notes:
         print(f"clusterddp: note: {note}", file=sys.stderr)
-    return LocalSupervisor(topology, plans, supervisor_options(job, args)).run()
+    options = supervisor_options(job, args, planning.run_dir(job, topology, cwd))
+    return LocalSupervisor(topology, plans, options).run()
 
 
 def _is_local(addr: str) -> bool:

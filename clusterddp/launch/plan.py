@@ -11,7 +11,8 @@ from typing import Mapping
 
 from clusterddp.devices import cpu_count
 from clusterddp.errors import LaunchError
-from clusterddp.launch.supervisor import WorkerPlan
+from clusterddp.launch import bootstrap
+from clusterddp.launch.supervisor import HEARTBEAT_ENV, WorkerPlan
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology
 
@@ -35,7 +36,7 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
     """
     workdir = os.path.abspath(os.path.join(cwd, job.workdir)) if job.workdir else cwd
     logs = run_dir(job, topology, cwd)
-    argv = (interpreter(job), *job.entry_argv())
+    argv = (interpreter(job), bootstrap.__file__, *job.entry_argv())
     defaults = {
         "OMP_NUM_THREADS": str(max(1, cpu_count() // topology.nproc_per_node)),
         "PYTHONUNBUFFERED": "1",
@@ -46,6 +47,8 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         rank = topology.global_rank(local_rank)
         error_file = os.path.join(logs, f"rank{rank}.error.json")
         env = dict(base_env)
+        env[bootstrap.STACKS_ENV] = os.path.join(logs, f"rank{rank}.stacks")
+        env[HEARTBEAT_ENV] = os.path.join(logs, f"rank{rank}.heartbeat")
         for key, value in defaults.items():
             env.setdefault(key, value)
         env.update(job.env)

@@ -18,15 +18,25 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from clusterddp import exitcodes
+from clusterddp.diagnose.collect import StacksReport, Target, build_report, collect, write_full
+from clusterddp.diagnose.stacks import format_ranks
 from clusterddp.launch import procs
+from clusterddp.launch.bootstrap import STACKS_ENV
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.report import WorkerExit, format_report, read_error_file
 from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
+
+#: Where a worker's clusterddp.train.heartbeat() records progress (read by the hang detector).
+HEARTBEAT_ENV = "CLUSTERDDP_HEARTBEAT_FILE"
 
 #: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)
 #: Longest pause between restarts of the local group.
 MAX_BACKOFF = 30.0
+#: Sent to the launcher by ``clusterddp stacks``: dump every worker's stack, keep running.
+STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
+#: A byte on stdin (from the SSH head) that asks for the same.
+STACKS_REQUEST_BYTE = b"S"
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,10 @@ class SupervisorOptions:
     heartbeat_timeout: float = 6.0
     #: Print one machine-readable result line at the end (for the SSH head).
     report_json: bool = False
+    #: Tear down with exitcodes.HANG when no rank made progress for this long (seconds).
+    hang_timeout: float | None = None
+    #: logs/<run-id>: where launcher.json and stack dumps go.
+    run_dir: str | None = None
 
 
 @dataclass
@@ -84,10 +98,14 @@ class LocalSupervisor:
     _stop_signal: int | None = None
     _workers: list[_Worker] = field(default_factory=list)
     _marker: str = field(default_factory=procs.new_marker)
+    _stacks_requested: bool = False
+    _hang: bool = False
+    _attempt_started: float = 0.0
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
         reaper = procs.Reaper(self._marker)
+        self._write_launcher_file()
         previous = self._install_signal_handlers()
         if self.options.watch_stdin:
             self._start_stdin_watch()
@@ -135,6 +153,8 @@ class LocalSupervisor:
             return self._stop_code(root), exits, root
 
     def _stop_code(self, root: WorkerExit | None) -> int:
+        if self._hang:
+            return exitcodes.HANG
         if root is not None:
             return root.exit_code or 1
         if self._stop_signal is not None:
@@ -143,6 +163,7 @@ class LocalSupervisor:
 
     def _run_once(self, reaper: procs.Reaper, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
         self._workers = []
+        self._attempt_started = time.monotonic()
         try:
             for plan in self.plans:
                 if self._stop_reason is not None:
@@ -179,6 +200,10 @@ class LocalSupervisor:
             if all(w.exit is not None for w in self._workers):
                 return None
             self._check_heartbeat()
+            if self._stacks_requested:
+                self._stacks_requested = False
+                self.dump_stacks("requested")
+            self._check_hang()
             self._wake.wait(0.1)
             self._wake.clear()
 
@@ -234,6 +259,7 @@ class LocalSupervisor:
             previous[sig] = signal.signal(sig, self._on_stop_signal)
         for sig in self.options.forward_signals:
             previous[sig] = signal.signal(sig, self._on_forward_signal)
+        previous[STACKS_REQUEST_SIGNAL] = signal.signal(STACKS_REQUEST_SIGNAL, self._on_stacks_signal)
         previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: self._wake.set())
         return previous
 
@@ -244,6 +270,10 @@ class LocalSupervisor:
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         self.request_stop(f"the launcher received {signal.Signals(signum).name}", signum)
+
+    def _on_stacks_signal(self, _signum: int, _frame: object) -> None:
+        self._stacks_requested = True
+        self._wake.set()
 
     def _on_forward_signal(self, signum: int, _frame: object) -> None:
         # To the worker process only, not its group: SIGUSR1's default action would kill
@@ -269,6 +299,9 @@ class LocalSupervisor:
                     self.request_stop("the SSH session to the head closed (stdin EOF)")
                     return
                 self._last_heartbeat = time.monotonic()
+                if STACKS_REQUEST_BYTE in chunk:
+                    self._stacks_requested = True
+                    self._wake.set()
 
         threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
 
@@ -278,3 +311,89 @@ class LocalSupervisor:
         silent = time.monotonic() - self._last_heartbeat
         if silent > self.options.heartbeat_timeout:
             self.request_stop(f"no heartbeat from the head for {silent:.0f}s (link lost?)")
+
+    # -- where is each rank: stacks and hangs ---------------------------------------------------
+
+    def _live_targets(self) -> list[Target]:
+        return [Target(rank=w.plan.rank, pid=w.proc.pid, stacks_file=w.plan.env.get(STACKS_ENV, ""))
+                for w in self._workers if w.proc.poll() is None and w.plan.env.get(STACKS_ENV)]
+
+    def dump_stacks(self, why: str) -> StacksReport | None:
+        """Every live worker's stack, grouped on stderr, in full under the run dir."""
+        targets = self._live_targets()
+        if not targets:
+            return None
+        report = build_report(collect(targets), self.topology.host)
+        path = write_full(report, self.options.run_dir) if self.options.run_dir else None
+        lines = [f"clusterddp: stacks of {len(targets)} worker(s) on {self.topology.host} ({why}):"]
+        lines.extend(f"  {line}" for line in report.lines)
+        if path:
+            lines.append(f"  full dump: {path}")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        if self.options.report_json:
+            print("CLUSTERDDP_STACKS " + json.dumps({"host": self.topology.host, "why": why,
+                                                      "ranks": report.summaries(), "full": path}), flush=True)
+        return report
+
+    def _progress(self) -> dict[int, float | None]:
+        """Last sign of life per live rank (monotonic clock): a printed line or a heartbeat.
+
+        None for a rank that has shown no life yet (still importing torch, say).
+        """
+        now_wall, now_mono = time.time(), time.monotonic()
+        progress: dict[int, float | None] = {}
+        for worker in self._workers:
+            if worker.exit is not None:
+                continue
+            last = worker.output.last_line_at or None
+            try:
+                beat = now_mono - (now_wall - os.stat(worker.plan.env[HEARTBEAT_ENV]).st_mtime)
+                last = max(last or 0.0, beat) if beat >= self._attempt_started else last
+            except (KeyError, OSError):
+                pass
+            progress[worker.plan.rank] = last
+        return progress
+
+    def _check_hang(self) -> None:
+        """The hang clock starts at the first sign of life of any rank, so start-up (imports,
+        data set preparation) never counts; from then on a rank silent since then is stalled."""
+        timeout = self.options.hang_timeout
+        if not timeout:
+            return
+        progress = self._progress()
+        seen = [t for t in progress.values() if t is not None]
+        if not seen:
+            return
+        first_life = min(seen)
+        last = {rank: (t if t is not None else first_life) for rank, t in progress.items()}
+        stalled = time.monotonic() - max(last.values())
+        if stalled <= timeout:
+            return
+        earliest_time = min(last.values())
+        earliest = sorted(r for r, t in last.items() if t - earliest_time < 0.5)
+        report = self.dump_stacks("hang")
+        where = report.where if report else {}
+        waiting = [r for r, w in where.items() if w.in_collective]
+        suspects = sorted(r for r, w in where.items() if not w.in_collective) if waiting else []
+        self._hang = True
+        if suspects:
+            culprit = (f"rank(s) {format_ranks(suspects)} not in a collective while rank(s) "
+                       f"{format_ranks(sorted(waiting))} wait in one")
+        else:
+            culprit = f"rank(s) {format_ranks(earliest)} stopped first"
+        self.request_stop(f"hang: no rank made progress for {stalled:.0f}s "
+                          f"(hang_timeout {timeout:g}s); {culprit}")
+
+    def _write_launcher_file(self) -> None:
+        """logs/<run-id>/launcher.json lets ``clusterddp stacks`` find this launcher."""
+        if not self.options.run_dir:
+            return
+        data = {"pid": os.getpid(), "host": self.topology.host, "run_id": self.topology.run_id,
+                "ranks": [p.rank for p in self.plans]}
+        path = os.path.join(self.options.run_dir, "launcher.json")
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(data, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass

@@ -85,7 +85,8 @@ def test_dry_run_starts_nothing_and_shows_everything(tmp_path: Path) -> None:
     out = result.stdout
     assert "world size 4" in out and "master 10.0.0.5:29512" in out
     assert "1  " in out and "2-3  <- this node" in out
-    assert f"argv: {sys.executable} {REPO / 'jobs' / 'hello.py'}" in out
+    bootstrap = REPO / "clusterddp" / "launch" / "bootstrap.py"
+    assert f"argv: {sys.executable} {bootstrap} {REPO / 'jobs' / 'hello.py'}" in out
     assert "RANK=3" in out and "GROUP_RANK=1" in out and "MASTER_PORT=29512" in out
     assert not (tmp_path / "l").exists()
 

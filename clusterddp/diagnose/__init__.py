@@ -1,0 +1,1 @@
+"""Where is each rank? Stack dumps on demand, hang detection, and the cluster doctor."""

@@ -1,0 +1,70 @@
+"""The first code every worker runs: arm a stack dump on a signal, then run the real script.
+
+``python .../clusterddp/launch/bootstrap.py SCRIPT ARGS`` (or ``-m MODULE ARGS``) behaves like
+``python SCRIPT ARGS``: ``sys.argv``, ``__main__`` and ``__file__`` are the script's. Before
+that, ``faulthandler`` is registered on ``DUMP_SIGNAL`` to append every thread's Python
+stack to ``$CLUSTERDDP_STACKS_FILE`` without stopping the process, so ``clusterddp stacks``
+and the hang detector work for any script, not only ones that use clusterddp.train.
+It is run by file path and imports only the standard library, so it works under any
+interpreter a job names (``python:``), even one where clusterddp is not installed, and costs
+a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.machinery
+import os
+import runpy
+import signal
+import sys
+import types
+
+#: Real-time signal reserved for stack dumps (SIGUSR1/2 belong to the user's script).
+DUMP_SIGNAL = signal.SIGRTMIN + 3
+STACKS_ENV = "CLUSTERDDP_STACKS_FILE"
+
+_stacks_file = None  # kept open for the process's life: faulthandler writes to its fd
+
+
+def arm_stack_dump() -> None:
+    global _stacks_file
+    path = os.environ.get(STACKS_ENV)
+    if not path:
+        return
+    try:
+        _stacks_file = open(path, "a", buffering=1)
+    except OSError:
+        return
+    faulthandler.register(DUMP_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+
+
+def main() -> None:
+    arm_stack_dump()
+    args = sys.argv[1:]
+    if args[:1] == ["-m"]:
+        sys.argv = [args[1], *args[2:]]
+        sys.path[0] = os.getcwd()  # as 'python -m MODULE' does
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        return
+    run_script(args[0], args)
+
+
+def run_script(path: str, argv: list[str]) -> None:
+    """Execute ``path`` as ``__main__`` exactly as ``python path`` would (argv[0] as given,
+    ``__file__`` absolute, the script's directory first on sys.path)."""
+    script = os.path.abspath(path)
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(script)
+    module = types.ModuleType("__main__")
+    module.__file__ = script
+    module.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    module.__builtins__ = __builtins__
+    sys.modules["__main__"] = module
+    with open(script, "rb") as f:
+        code = compile(f.read(), script, "exec")
+    exec(code, module.__dict__)
+
+
+if __name__ == "__main__":
+    main()
