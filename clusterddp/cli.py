@@ -185,6 +185,8 @@ def _overrides(args: argparse.Namespace, job=None):  # type: ignore[no-untyped-d
 
 
 def _wants_fanout(job, args: argparse.Namespace, overrides) -> bool:  # type: ignore[no-untyped-def]
+    if args.watch_stdin or args.node_rank is not None:
+        return False  # a launcher the head started on a host: never fan out again
     if args.hostfile:
         return True
     return bool(job.ssh.hosts or job.ssh.hostfile) and not overrides.any_given

@@ -289,11 +289,12 @@ class LocalSupervisor:
         self._last_heartbeat = time.monotonic()
 
         def watch() -> None:
-            stream = sys.stdin.buffer
+            # os.read on the raw fd, not sys.stdin.buffer: a daemon thread blocked inside the
+            # buffered reader holds its lock at interpreter exit, and Python aborts (exit 134).
             while True:
                 try:
-                    chunk = stream.read1(4096)
-                except (OSError, ValueError):
+                    chunk = os.read(0, 4096)
+                except OSError:
                     chunk = b""
                 if not chunk:
                     self.request_stop("the SSH session to the head closed (stdin EOF)")
