@@ -34,6 +34,7 @@ class TrainState:
     epoch: int = 0
     step: int = 0
     loss_sum: float = 0.0  # sum of the agreed mean losses of steps 0..step-1 of this epoch
+    world_size: int = 1    # ranks that ran those steps (a step is world_size batches)
 
 
 def capture_rng() -> dict[str, Any]:

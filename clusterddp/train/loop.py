@@ -121,6 +121,24 @@ def resolve_resume(config: FitConfig) -> Path | None:
     return path
 
 
+def _rescale(state: TrainState, ctx: DistContext, loader: DataLoader) -> TrainState:
+    """A mid-epoch position saved by a different number of ranks, in this run's steps.
+
+    The same per-rank batch is assumed: ``step`` old steps covered ``step * old_world``
+    batches, so about that many divided by the new world size are skipped, at most the
+    whole epoch. The shuffle of the rest differs (it depends on the world size), so such
+    a resume continues training rather than replaying it bit for bit.
+    """
+    if not state.step or state.world_size == ctx.world_size:
+        return state
+    sampler = loader.sampler
+    per_epoch = getattr(sampler, "num_samples", len(loader)) // (loader.batch_size or 1)
+    step = min(per_epoch, state.step * state.world_size // ctx.world_size)
+    _say(ctx, f"checkpoint was written by {state.world_size} rank(s), this run has "
+              f"{ctx.world_size}: continuing epoch {state.epoch} at step {step} of {per_epoch}")
+    return TrainState(state.epoch, step, state.loss_sum * step / state.step, ctx.world_size)
+
+
 def _say(ctx: DistContext, message: str) -> None:
     if ctx.is_main:
         print(message, flush=True)
@@ -142,6 +160,7 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
         state, _ = load_checkpoint(resume_from, ctx, model=model, optimizer=optimizer,
                                    scheduler=scheduler, amp=amp)
         _say(ctx, f"resumed from {resume_from} at epoch {state.epoch} step {state.step}")
+        state = _rescale(state, ctx, train_loader)
     checkpoint = Path(config.checkpoint_dir) / LAST_CHECKPOINT if config.checkpoint_dir else None
     result = FitResult(start_epoch=state.epoch)
     scalars = ScalarLogger(config.tensorboard_dir, ctx)
@@ -156,7 +175,7 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
                                       epoch=epoch, amp=amp, start=partial, preemption=handler,
                                       show_progress=config.progress)
             if trained.preempted:
-                where = TrainState(epoch, trained.steps_done, trained.loss_sum)
+                where = TrainState(epoch, trained.steps_done, trained.loss_sum, ctx.world_size)
                 saved = None
                 if checkpoint is not None:
                     saved = str(save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
@@ -186,7 +205,8 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
             result.history.append(metrics)
             if checkpoint is not None:
                 save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
-                                scheduler=scheduler, amp=amp, state=TrainState(epoch + 1))
+                                scheduler=scheduler, amp=amp,
+                                state=TrainState(epoch + 1, world_size=ctx.world_size))
     finally:
         if handler is not None:
             handler.uninstall()

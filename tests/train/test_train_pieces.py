@@ -250,3 +250,17 @@ def test_scalar_logger_writes_tensorboard_events_on_rank_zero_only(tmp_path: Pat
         logger.close()
     assert list((tmp_path / "r0").glob("events.out.tfevents.*"))
     assert not (tmp_path / "r1").exists()
+
+
+def test_mid_epoch_position_is_rescaled_when_the_world_size_changes() -> None:
+    """3 steps of 2 ranks are 6 steps of 1 rank; never more than one epoch's steps."""
+    from clusterddp.train.loop import _rescale
+
+    ctx = single()
+    loader = T.make_train_loader(TensorDataset(torch.arange(40)), 4, ctx, num_workers=0)
+    moved = _rescale(T.TrainState(epoch=1, step=3, loss_sum=3.0, world_size=2), ctx, loader)
+    assert moved == T.TrainState(epoch=1, step=6, loss_sum=6.0, world_size=1)
+    capped = _rescale(T.TrainState(epoch=1, step=9, loss_sum=9.0, world_size=4), ctx, loader)
+    assert capped.step == 10
+    same = T.TrainState(epoch=1, step=3, loss_sum=3.0, world_size=1)
+    assert _rescale(same, ctx, loader) is same
