@@ -40,7 +40,7 @@ _EXPORTS = {
     "ShardSampler": "data", "ResumableDistributedSampler": "data", "IndexedDataset": "data",
     "default_num_workers": "data",
     # step loop pieces
-    "Amp": "amp", "agree_step": "guard", "NonFiniteLossError": "guard",
+    "Amp": "amp", "agree_step": "guard", "start_agreement": "guard", "NonFiniteLossError": "guard",
     "evaluate": "evaluation", "EvalResult": "evaluation",
     "progress": "display", "ScalarLogger": "display",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
@@ -84,7 +84,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the real names
     from clusterddp.train.entry import run_main
     from clusterddp.train.evaluation import EvalResult, evaluate
     from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE
-    from clusterddp.train.guard import NonFiniteLossError, agree_step
+    from clusterddp.train.guard import NonFiniteLossError, agree_step, start_agreement
     from clusterddp.train.liveness import heartbeat
     from clusterddp.train.loop import FitConfig, FitResult, fit, train_one_epoch
     from clusterddp.train.model import (broadcast_parameters, convert_sync_batchnorm,

@@ -1,7 +1,8 @@
 """The training loop: the helpers of this package wired together in the order they need.
 
 ``train_one_epoch`` is the step loop (AMP, one agreed all-reduce per step for loss, NaN
-and preemption, heartbeat, rank-0 bar). ``fit`` adds the epoch loop around it: resume,
+and preemption, overlapped with the backward pass, heartbeat, rank-0 bar). ``fit`` adds
+the epoch loop around it: resume,
 ``set_epoch``, evaluation, TensorBoard, a checkpoint per epoch, and the preemption exit.
 Scripts with unusual needs can use the pieces directly; the example jobs use ``fit``.
 """
@@ -23,7 +24,7 @@ from clusterddp.train.data import set_epoch
 from clusterddp.train.dist import DistContext, all_gather_objects
 from clusterddp.train.evaluation import evaluate, move_to
 from clusterddp.train.exitcodes import PREEMPTED_EXIT_CODE
-from clusterddp.train.guard import agree_step
+from clusterddp.train.guard import start_agreement
 from clusterddp.train.liveness import heartbeat
 from clusterddp.train.preempt import DEFAULT_SIGNALS, Preempted, PreemptionHandler
 from clusterddp.train.display import ScalarLogger, progress
@@ -87,10 +88,10 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
             inputs, targets = move_to(inputs, ctx.device), move_to(targets, ctx.device)
             with amp.autocast():
                 loss = criterion(model(inputs), targets)
-            verdict = agree_step(loss, preemption is not None and preemption.requested, ctx,
-                                 epoch=epoch, step=steps)
+            pending = start_agreement(loss, preemption is not None and preemption.requested, ctx)
             optimizer.zero_grad(set_to_none=True)
             amp.backward(loss)
+            verdict = pending.result(epoch=epoch, step=steps)  # may raise on every rank
             amp.step(optimizer)
             steps += 1
             loss_sum += verdict.mean_loss

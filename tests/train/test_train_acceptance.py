@@ -101,13 +101,16 @@ def test_nan_loss_on_one_rank_stops_all_ranks_quickly_with_one_message(tmp_path:
     assert "Traceback" not in results[0].stderr + results[1].stderr
 
 
-def test_single_process_run_needs_no_launcher(tmp_path: Path) -> None:
-    """The same script runs as plain `python script.py` with no env contract."""
+def test_single_process_run_needs_no_launcher_and_beats_the_heartbeat(tmp_path: Path) -> None:
+    """The same script runs as plain `python script.py`; the loop touches the heartbeat file."""
     import subprocess
 
     from rankrun import clean_env
 
+    beat = tmp_path / "heartbeat"
     proc = subprocess.run([sys.executable, str(SCENARIOS), "train", str(tmp_path), "--epochs", "1"],
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+                          env=clean_env(CLUSTERDDP_HEARTBEAT_FILE=str(beat)),
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "params.pt").exists()
+    assert beat.exists()
