@@ -53,7 +53,7 @@ def write_job(directory: Path, name: str = "job", **fields: Any) -> Path:
     return path
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
     """Poll ``predicate`` until it is true or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,7 +19,9 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str]) -> 
     """This node's topology, and the command to exec instead when the environment asks
     (SLURM's batch script re-launches itself with srun on every node)."""
     environment = detect(env, overrides)
-    relaunch = environment.relaunch(list(sys.argv))
+    # The command that started us, runnable on another node: not '.../__main__.py' (what
+    # sys.argv[0] is under 'python -m clusterddp'), but this interpreter with -m clusterddp.
+    relaunch = environment.relaunch([sys.executable, "-m", "clusterddp", *sys.argv[1:]])
     placement = environment.placement()
     topology = resolve(job, placement, env, master_port=overrides.master_port, nnodes=overrides.nnodes)
     return topology, relaunch

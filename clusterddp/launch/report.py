@@ -11,6 +11,8 @@ import json
 import signal
 from dataclasses import asdict, dataclass, field
 
+from clusterddp.exitcodes import PREEMPTED
+
 
 @dataclass
 class WorkerExit:
@@ -77,9 +79,13 @@ def format_report(job_name: str, exits: list[WorkerExit], root: WorkerExit | Non
     if root is None and reason is None:
         return ""
     lines = []
-    if root is not None:
+    if root is not None and root.exit_code == PREEMPTED:
+        lines.append(f"clusterddp: job '{job_name}' preempted: rank {root.rank} on {root.host} saved a "
+                     f"checkpoint and exited {PREEMPTED}; requeue the job to resume")
+    elif root is not None:
         lines.append(f"clusterddp: job '{job_name}' failed: rank {root.rank} on {root.host} {root.outcome()}")
-        lines.append("  root cause (first observed failure):")
+    if root is not None:
+        lines.append("  root cause (first observed failure):" if root.exit_code != PREEMPTED else "  first to stop:")
         lines.append(f"    host:       {root.host}")
         lines.append(f"    rank:       {root.rank} (local rank {root.local_rank})")
         lines.append(f"    pid:        {root.pid}")

@@ -147,14 +147,18 @@ class LocalSupervisor:
                       f"local group in {backoff:.0f}s (restart {attempt} of {self.options.restarts})",
                       file=sys.stderr, flush=True)
                 if self._wake.wait(backoff) and self._stop_reason is not None:
-                    return self._stop_code(root), exits, root
+                    return self._stop_code(root, exits), exits, root
                 self._wake.clear()
                 continue
-            return self._stop_code(root), exits, root
+            return self._stop_code(root, exits), exits, root
 
-    def _stop_code(self, root: WorkerExit | None) -> int:
+    def _stop_code(self, root: WorkerExit | None, exits: list[WorkerExit]) -> int:
         if self._hang:
             return exitcodes.HANG
+        if any(e.returncode == exitcodes.PREEMPTED for e in exits):
+            # A worker saved a checkpoint and asks to be requeued; that wins over the SIGTERMs
+            # a scheduler sends around a preemption, so SLURM's requeue logic sees 75.
+            return exitcodes.PREEMPTED
         if root is not None:
             return root.exit_code or 1
         if self._stop_signal is not None:
@@ -171,7 +175,7 @@ class LocalSupervisor:
                 self._workers.append(self._start(plan, attempt, reaper))
             root = self._watch()
         finally:
-            self._teardown()
+            self._teardown(patient=self._preempted())
         return [w.exit for w in self._workers if w.exit is not None], root
 
     def _start(self, plan: WorkerPlan, attempt: int, reaper: procs.Reaper) -> _Worker:
@@ -221,13 +225,28 @@ class LocalSupervisor:
                           pid=worker.proc.pid, returncode=worker.proc.returncode, log=worker.plan.log,
                           at=time.time(), stopped_by_us=stopped_by_us)
 
-    def _teardown(self) -> None:
-        """SIGTERM every group, wait the grace period, SIGKILL what is left, reap trees."""
+    def _preempted(self) -> bool:
+        return any(w.exit is not None and w.exit.returncode == exitcodes.PREEMPTED for w in self._workers)
+
+    def _teardown(self, patient: bool = False) -> None:
+        """SIGTERM every group, wait the grace period, SIGKILL what is left, reap trees.
+
+        ``patient``: a worker was preempted and saved a checkpoint; its peers are most likely
+        saving or exiting too, so they get the grace period to finish before any SIGTERM.
+        """
         trees = {w.pgid: procs.descendants(w.proc.pid) for w in self._workers}
+        deadline = time.monotonic() + self.options.grace_period
+        if patient:
+            for worker in self._workers:
+                try:
+                    worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception:  # subprocess.TimeoutExpired: stopped below
+                    pass
+            self._collect_exits()
+            deadline = time.monotonic() + self.options.grace_period
         live = [w for w in self._workers if w.proc.poll() is None]
         for worker in live:
             procs.signal_group(worker.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.options.grace_period
         for worker in live:
             try:
                 worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -187,3 +187,22 @@ def test_port_in_use_is_one_clear_line(job_dir: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and f"master port {port}" in result.stderr
     assert not list(job_dir.glob("rank*.json"))
+
+
+def test_preempted_workers_exit_75_and_peers_finish_on_their_own(job_dir: Path) -> None:
+    """Exit 75 (checkpoint saved) is reported as a preemption; peers get to exit 75 themselves."""
+    job = write_job(job_dir, script="preempt_exit.py", args=["0.2", str(job_dir)], grace_period=3)
+    result = cli("run", str(job))
+    assert result.returncode == 75, result.stderr
+    assert "preempted: rank 0" in result.stderr and "requeue" in result.stderr
+    assert "stopped by clusterddp" not in result.stderr
+
+
+def test_sigterm_while_workers_save_checkpoints_exits_75(job_dir: Path) -> None:
+    """A scheduler's SIGTERM to the launcher, workers answering with exit 75: the launcher exits 75."""
+    job = write_job(job_dir, script="preempt_exit.py", args=["600", str(job_dir)])
+    proc = start_cli("run", str(job))
+    assert wait_for(lambda: len(list(job_dir.glob("rank*.ready"))) == 2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 75
