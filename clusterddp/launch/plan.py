@@ -6,6 +6,7 @@ Kept apart from the supervisor so ``--dry-run`` shows precisely what ``run`` wou
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Mapping
 
@@ -95,15 +96,10 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
     for plan in plans:
         lines.append("")
         lines.append(f"rank {plan.rank} (local {plan.local_rank}): cd {plan.cwd}")
-        lines.append("  argv: " + " ".join(_quote(a) for a in plan.argv))
+        lines.append("  argv: " + shlex.join(plan.argv))
         lines.append(f"  log:  {plan.log}")
         for key in sorted(plan.env):
             if base_env.get(key) != plan.env[key]:
                 lines.append(f"  {key}={plan.env[key]}")
     return "\n".join(lines)
 
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)

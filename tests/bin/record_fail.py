@@ -1,5 +1,4 @@
 """A torchrun-style script: env:// init, @record, and rank 1 raises a ValueError after a barrier."""
-import os
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record

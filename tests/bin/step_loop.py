@@ -1,6 +1,5 @@
 """A DDP loop: each step prints, then all_reduces. Rank argv[1] (default none) sleeps forever in
 'load_batch' at step 3, so the others wait in all_reduce: the shape of a real data-loading hang."""
-import os
 import sys
 import time
 

@@ -8,7 +8,6 @@ all exercised together.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
