@@ -2,14 +2,14 @@
 
 The seeds checked ``torch.isfinite(loss)`` locally and called ``sys.exit`` on the rank that
 saw a NaN; the other ranks then waited in the next all-reduce until the collective timeout.
-Here each rank contributes (finite loss, non-finite flag, preemption flag) to one
-all-reduce, so every rank learns the same verdict at the same step and they all stop
-together, before the optimizer step (the weights never take a NaN gradient). The reduced
+Here each rank contributes (loss, preemption flag) to one all-reduce; a sum that is not
+finite means some rank's loss was not, so every rank learns the same verdict at the same
+step and they all stop together, before the optimizer step (the weights never take a NaN gradient). The reduced
 loss is the mean loss the progress bar shows: the all-reduce the seeds already paid for.
 
 The all-reduce is started right after the forward pass and waited for after the backward
 pass, so it travels while DDP's gradient all-reduces are being computed: it adds no
-synchronisation point of its own (a blocking check before backward measurably did).
+synchronisation point of its own, as a blocking check before backward would.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class NonFiniteLossError(RuntimeError):
         self.epoch = epoch
         self.step = step
         self.values = values  # rank -> its non-finite loss
-        where = ", ".join(f"rank {r} ({v})" for r, v in sorted(values.items()))
+        where = ", ".join(f"rank {r} ({v})" for r, v in sorted(values.items())) or \
+            "no single rank (the finite losses overflowed when summed)"
         super().__init__(
             f"non-finite loss at epoch {epoch} step {step} on {where}; stopped all "
             f"{world_size} rank(s) before the optimizer step. Lower the learning rate, check "
@@ -62,8 +63,9 @@ class PendingVerdict:
         """Wait for the all-reduce; raise ``NonFiniteLossError`` on every rank if needed."""
         if self._work is not None:
             self._work.wait()
-        loss_sum, bad_ranks, preempt = self._packed.tolist()
-        if bad_ranks > 0:
+        loss_sum, preempt = self._packed.tolist()
+        if not math.isfinite(loss_sum):
+            # Finite losses sum to a finite number: some rank's loss was NaN or infinite.
             value = self._local.item()
             everyone = all_gather_objects(None if math.isfinite(value) else value)
             values = {rank: v for rank, v in enumerate(everyone) if v is not None}
@@ -74,12 +76,7 @@ class PendingVerdict:
 def start_agreement(loss: torch.Tensor, preempt_requested: bool, ctx: DistContext) -> PendingVerdict:
     """Start sharing this rank's loss and flags (a collective: every rank, every step)."""
     local = loss.detach().float().reshape(())
-    finite = torch.isfinite(local)
-    packed = torch.stack([
-        torch.where(finite, local, torch.zeros_like(local)),
-        (~finite).float(),
-        torch.tensor(float(preempt_requested), device=local.device),
-    ])
+    packed = torch.stack((local, local.new_tensor(float(preempt_requested))))
     work = dist.all_reduce(packed, async_op=True) if ctx.distributed else None
     return PendingVerdict(local, packed, work, ctx)
 
