@@ -7,8 +7,8 @@ models and, round after round, trains one epoch with the seed-style loop and one
 ``clusterddp.train.train_one_epoch`` (order alternating between rounds, so drift in the
 machine's load hits both alike). Rank 0 prints the median per-step time of each and the
 overhead of the helpers in percent. The helpers' extra work per step: one agreed
-all-reduce of (loss, preemption flag), overlapped with backward, in place of the seeds' loss all-reduce, a
-heartbeat check and the autocast context. Target: at most 3 %.
+all-reduce of (loss, preemption flag), overlapped with backward, in place of the seeds'
+loss all-reduce after it; a heartbeat check; the autocast context. Target: at most 3 %.
 """
 
 from __future__ import annotations
