@@ -11,6 +11,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import time
 
 from clusterddp.errors import ClusterDDPError
@@ -46,6 +47,17 @@ def find_launcher(target: str | None, log_dir: str) -> tuple[str, dict]:
                           "give the run id or its log directory: clusterddp stacks RUN_ID")
 
 
+def _reports(run_dir: str, pid: int) -> set[str]:
+    """Reports written by the launcher ``pid``: ``stacks-<date>-<time>-<pid>[.N].txt``.
+
+    Only that launcher's: on a shared filesystem the hosts of an SSH run dump into the same
+    directory, and their per-host files must not be mistaken for the head's merged report.
+    """
+    pattern = re.compile(rf"^stacks-\d{{8}}-\d{{6}}-{pid}(\.\d+)*\.txt$")
+    return {path for path in glob.glob(os.path.join(run_dir, "stacks-*.txt"))
+            if pattern.match(os.path.basename(path))}
+
+
 def stacks_main(args: argparse.Namespace) -> int:
     from clusterddp.launch.supervisor import STACKS_REQUEST_SIGNAL
 
@@ -53,11 +65,11 @@ def stacks_main(args: argparse.Namespace) -> int:
     pid = int(data["pid"])
     if not _alive(pid):
         raise ClusterDDPError(f"the launcher of run {data.get('run_id')} (pid {pid}) is not running")
-    before = set(glob.glob(os.path.join(run_dir, "stacks-*.txt")))
+    before = _reports(run_dir, pid)
     os.kill(pid, STACKS_REQUEST_SIGNAL)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        new = sorted(set(glob.glob(os.path.join(run_dir, "stacks-*.txt"))) - before)
+        new = sorted(_reports(run_dir, pid) - before)
         if new:
             time.sleep(0.1)  # the launcher writes the file in one go; let it finish
             with open(new[-1], encoding="utf-8") as f:

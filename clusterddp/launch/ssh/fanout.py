@@ -27,7 +27,9 @@ from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightEr
 from clusterddp.launch.ssh.relay import Relay, RemoteLauncher
 from clusterddp.launch.ssh.remote_command import (LaunchPlan, forwarded_env, launcher_argv,
                                                   launcher_env)
+from clusterddp.launch.ssh.stacks import LauncherFile
 from clusterddp.launch.ssh.summary import format_outcome
+from clusterddp.launch.supervisor import STACKS_REQUEST_SIGNAL
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port
 
@@ -76,6 +78,11 @@ class _Stop:
         self.signum = self.signum or signum
         if self.relay is not None:
             self.relay.request_stop(f"{signal.Signals(signum).name} on the head", signum)
+
+    def stacks(self, signum: int, frame: object) -> None:
+        """``clusterddp stacks`` asks the head; before the relay runs there is nothing to ask."""
+        if self.relay is not None:
+            self.relay.request_stacks()
 
 
 def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
@@ -142,8 +149,12 @@ def _run(job: JobSpec, options: FanoutOptions, sessions: list[HostSession], plan
     log_dir.mkdir(parents=True, exist_ok=True)
     launchers = [RemoteLauncher(session=s, plan=p, log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
                  for s, p in zip(sessions, plans)]
+    launcher_file = LauncherFile(log_dir / "launcher.json", {
+        "pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id,
+        "ranks": list(range(sum(p.nproc for p in plans))), "hosts": [p.host for p in plans]})
+    launcher_file.write()
     relay = Relay(launchers, out, err, settings, grace_period=job.grace_period,
-                  heartbeat_interval=options.heartbeat_interval)
+                  heartbeat_interval=options.heartbeat_interval, log_dir=log_dir, on_heartbeat=launcher_file.keep)
     stop.relay = relay
     if stop.signum is not None:
         relay.request_stop(f"{signal.Signals(stop.signum).name} on the head", stop.signum)
@@ -309,6 +320,7 @@ def _install(stop: _Stop) -> None:
             stop.previous[signum] = signal.signal(signum, stop)
         except ValueError:  # not the main thread: the caller handles signals
             return
+    stop.previous[STACKS_REQUEST_SIGNAL] = signal.signal(STACKS_REQUEST_SIGNAL, stop.stacks)
 
 
 def _restore(stop: _Stop) -> None:

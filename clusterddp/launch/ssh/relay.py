@@ -10,6 +10,11 @@ Teardown is layered, each layer covering the failure of the one before:
    (or a new connection), then ``-KILL`` 2 s after that;
 3. a host the head cannot reach stops on its own: its launcher sees no heartbeat for 6 s;
 4. a ``kill -9`` of the head closes its sockets, which the hosts see as EOF (layer 1).
+
+Stacks travel the same channels: the head writes ``S`` to every host's stdin, each host's
+launcher answers with one ``CLUSTERDDP_STACKS`` line, and ``ssh.stacks`` merges the
+answers. When a host reports a hang, teardown waits (at most ``HANG_WAIT``) until the other
+hosts said where their ranks are, so the report can name the rank holding everyone.
 """
 
 from __future__ import annotations
@@ -21,11 +26,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
 
+from clusterddp import exitcodes
+from clusterddp.diagnose.merge import HostStacks
 from clusterddp.launch.ssh.connect import USER_TIMEOUT_MS, ConnectError, ConnectSettings, open_client
 from clusterddp.launch.ssh.preflight import HostSession
 from clusterddp.launch.ssh.remote_command import LaunchPlan, kill_command
+from clusterddp.launch.ssh.stacks import (HANG_WAIT, REMOTE_BLOCK_HEADER, REQUEST_WAIT, STACKS_MARKER,
+                                          StacksRound, write_report)
+from clusterddp.launch.supervisor import STACKS_REQUEST_BYTE
 
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
 #: Exit code when a host is lost (ssh's own convention for connection errors).
@@ -48,6 +59,8 @@ class RemoteLauncher:
     done: bool = False
     eof_sent: bool = False
     partial: dict[str, bytes] = field(default_factory=lambda: {"out": b"", "err": b""})
+    #: Inside the launcher's own stderr block about a dump (kept out of the console).
+    in_stacks_block: bool = False
 
     @property
     def name(self) -> str:
@@ -87,7 +100,8 @@ class Relay:
     """Drives all launchers from GO to the end; see the module docstring for teardown."""
 
     def __init__(self, launchers: list[RemoteLauncher], stdout: BinaryIO, stderr: BinaryIO,
-                 settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0) -> None:
+                 settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
+                 log_dir: Path | None = None, on_heartbeat: Callable[[], None] | None = None) -> None:
         self.launchers = launchers
         self.stdout = stdout
         self.stderr = stderr
@@ -101,12 +115,24 @@ class Relay:
         self._kill_sent = False
         self._killers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ssh-kill")
         self._lock = threading.Lock()
+        #: Where the merged stacks reports go (the run's log dir on the head).
+        self.log_dir = log_dir
+        self.on_heartbeat = on_heartbeat
+        self._stacks_wanted = False
+        self._round: StacksRound | None = None
+        #: The first host that reported a hang, and whether its merged report is out.
+        self.hang_host: RemoteLauncher | None = None
+        self._hang_reported = False
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Stop every host (safe from a signal handler: the loop acts on it)."""
         if self.stop_reason is None:
             self.stop_reason = reason
             self.stop_signal = signum
+
+    def request_stacks(self) -> None:
+        """Ask every host for its ranks' stacks (safe from a signal handler: the loop acts)."""
+        self._stacks_wanted = True
 
     def run(self) -> Outcome:
         start = time.monotonic()
@@ -123,13 +149,17 @@ class Relay:
                         self._drain(launcher)
                         if self._ended(launcher):
                             selector.unregister(launcher.channel.fileno())
+                self._stacks_step(time.monotonic())
                 self._decide()
                 now = time.monotonic()
                 if self._teardown_at is None and now >= next_beat:
                     self._heartbeat()
                     next_beat = now + self.heartbeat_interval
+                    if self.on_heartbeat is not None:
+                        self.on_heartbeat()
                 if self._teardown_at is not None and self._escalate(now):
                     break
+            self._close_stacks()
         finally:
             selector.close()
             self._killers.shutdown(wait=False, cancel_futures=True)
@@ -153,6 +183,11 @@ class Relay:
 
     def _line(self, launcher: RemoteLauncher, stream: str, line: bytes) -> None:
         launcher.log.write(line)
+        if stream == "out" and line.startswith(STACKS_MARKER):
+            self._stacks_answer(launcher, line[len(STACKS_MARKER):])
+            return
+        if stream == "err" and self._in_stacks_block(launcher, line):
+            return
         if stream == "out" and line.startswith(RESULT_MARKER):
             try:
                 launcher.result = json.loads(line[len(RESULT_MARKER):])
@@ -160,6 +195,8 @@ class Relay:
                 launcher.result = {"exit_code": 1, "root_cause": None, "reason": "unreadable result line"}
             if launcher.failed() and launcher.failed_at is None:
                 launcher.failed_at = time.time()
+            if launcher.exit_code == exitcodes.HANG and self.hang_host is None:
+                self.hang_host = launcher
             return
         if not line.startswith(b"["):  # the launcher's own messages: say which host they come from
             line = f"[{launcher.name}] ".encode() + line
@@ -193,6 +230,8 @@ class Relay:
             launcher.exit_status = status
             if launcher.failed() and launcher.failed_at is None:
                 launcher.failed_at = time.time()
+            if launcher.exit_code == exitcodes.HANG and self.hang_host is None:
+                self.hang_host = launcher
         launcher.done = True
         return True
 
@@ -200,6 +239,8 @@ class Relay:
         if self.stop_reason is not None:
             self._begin_teardown()
             return
+        if self.hang_host is not None and not self._hang_reported:
+            return  # the other hosts are being asked where their ranks are; _stacks_step stops the job
         for launcher in self.launchers:
             if launcher.failed() and not launcher.eof_sent:
                 what = launcher.lost or f"exit code {launcher.exit_code}"
@@ -269,9 +310,95 @@ class Relay:
             self.stderr.write(f"clusterddp: {message}\n".encode())
             self.stderr.flush()
 
+    # -- stacks across hosts ---------------------------------------------------------------
+
+    def _in_stacks_block(self, launcher: RemoteLauncher, line: bytes) -> bool:
+        """The launcher's own stderr lines about a dump: the merged report replaces them."""
+        if line.startswith(REMOTE_BLOCK_HEADER):
+            launcher.in_stacks_block = True
+            return True
+        if launcher.in_stacks_block and line.startswith(b"  "):
+            return True
+        launcher.in_stacks_block = False
+        return False
+
+    def _stacks_answer(self, launcher: RemoteLauncher, payload: bytes) -> None:
+        try:
+            stacks = HostStacks.from_json(json.loads(payload), host=launcher.name)
+        except (ValueError, TypeError, AttributeError):
+            self._say(f"unreadable stacks line from {launcher.name}")
+            return
+        if stacks.why == "hang" and self.hang_host is None:
+            self.hang_host = launcher
+            if self._round is not None:
+                self._round.trigger = launcher.name
+        if self._round is None and stacks.why == "hang":
+            self._open_round("hang", HANG_WAIT, trigger=launcher.name)
+        if self._round is not None:
+            self._round.answer(stacks)
+
+    def _open_round(self, why: str, wait: float, trigger: str | None = None) -> None:
+        now = time.monotonic()
+        self._round = StacksRound(why=why, started=now, deadline=now + wait, asked=[], trigger=trigger)
+        for launcher in self.launchers:
+            if launcher.done or launcher.name == trigger:
+                continue
+            self._round.asked.append(launcher.name)
+            try:
+                launcher.channel.send(STACKS_REQUEST_BYTE)
+            except Exception:  # noqa: BLE001 (a dead transport raises various; the round times out)
+                pass
+
+    def _stacks_step(self, now: float) -> None:
+        """Open a round when asked or when a host hung; close it when complete or overdue."""
+        if self._round is None:
+            if self.hang_host is not None and not self._hang_reported:
+                self._open_round("hang", HANG_WAIT, trigger=self.hang_host.name)
+            elif self._stacks_wanted and self._teardown_at is None:
+                self._stacks_wanted = False
+                self._open_round("requested", REQUEST_WAIT)
+            else:
+                return
+        assert self._round is not None
+        if self.hang_host is not None and self._round.why != "hang":
+            self._round.why = "hang"
+            self._round.deadline = min(self._round.deadline, now + HANG_WAIT)
+        live = {lau.name for lau in self.launchers if not lau.done}
+        if self._round.finished(now, live):
+            self._finish_round(self._round)
+            self._round = None
+
+    def _close_stacks(self) -> None:
+        """Every host has ended: report what a round still open (or a hang) has by now."""
+        if self._round is None and self.hang_host is not None and not self._hang_reported:
+            self._open_round("hang", 0.0, trigger=self.hang_host.name)
+        if self._round is not None:
+            self._finish_round(self._round)
+            self._round = None
+
+    def _finish_round(self, round_: StacksRound) -> None:
+        merged = round_.merged()
+        title = round_.title(len(self.launchers))
+        lines = [f"clusterddp: {title}"] + [f"  {line}" for line in merged.lines()]
+        if self.log_dir is not None and round_.answers:
+            path = write_report(merged.text(title), self.log_dir).resolve()
+            lines.append(f"  summary and each host's full-dump path: {path}")
+        with self._lock:
+            self.stderr.write(("\n".join(lines) + "\n").encode())
+            self.stderr.flush()
+        if round_.why == "hang":
+            self._hang_reported = True
+            host = self.hang_host.name if self.hang_host else round_.trigger
+            self.request_stop(f"hang: no rank on {host} made progress for its hang_timeout; {merged.culprit()}")
+
     # -- the end -------------------------------------------------------------------------
 
     def _outcome(self, seconds: float) -> Outcome:
+        if self.hang_host is not None:
+            # Whatever failed after a hang (peers of the stopped ranks lose their connections)
+            # is a consequence; the hang is the cause and its exit code the job's.
+            return Outcome(exit_code=exitcodes.HANG, root=self.hang_host, stop_reason=self.stop_reason,
+                           launchers=self.launchers, seconds=seconds)
         root = self._root_cause()
         if root is not None:
             code = root.exit_code or 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from clusterddp.exitcodes import HANG
 from clusterddp.launch.ssh.relay import Outcome, RemoteLauncher
 
 
@@ -23,6 +24,8 @@ def format_outcome(job_name: str, outcome: Outcome) -> str:
             if cause.get("tail"):
                 lines.append("    last lines:")
                 lines.extend(f"      {line}" for line in cause["tail"])
+        if outcome.exit_code == HANG and outcome.stop_reason:
+            lines.append(f"    verdict:    {outcome.stop_reason}")
     elif outcome.exit_code != 0:
         lines.append(f"clusterddp: job '{job_name}' stopped: {outcome.stop_reason or 'a host failed'}")
     else:
@@ -41,6 +44,8 @@ def _what(launcher: RemoteLauncher) -> str:
         outcome = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
         return f"rank {cause.get('rank')} {outcome}"
     reason = (launcher.result or {}).get("reason")
+    if launcher.exit_code is None:
+        return reason or "still stopping"
     return f"launcher exit code {launcher.exit_code}" + (f" ({reason})" if reason else "")
 
 
