@@ -6,6 +6,10 @@ Kept free of imports so the launcher can read them without torch.
 #: A worker saved a checkpoint after a preemption signal and asks to be requeued (EX_TEMPFAIL).
 PREEMPTED = 75
 
+#: A worker stopped because the loss became NaN/inf on some rank (EX_DATAERR): restarting the
+#: same job from the same state would fail the same way, so the launcher does not restart it.
+NONFINITE_LOSS = 65
+
 #: The launcher tore the job down because no rank made progress for ``hang_timeout`` seconds.
 HANG = 124
 

@@ -31,6 +31,9 @@ HEARTBEAT_ENV = "CLUSTERDDP_HEARTBEAT_FILE"
 
 #: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)
+#: Exits a restart cannot fix: preempted (the scheduler requeues), non-finite loss (same state,
+#: same NaN).
+NOT_RESTARTED = (exitcodes.PREEMPTED, exitcodes.NONFINITE_LOSS)
 #: Longest pause between restarts of the local group.
 MAX_BACKOFF = 30.0
 #: Sent to the launcher by ``clusterddp stacks``: dump every worker's stack, keep running.
@@ -140,7 +143,7 @@ class LocalSupervisor:
             if root is None and self._stop_reason is None:
                 return 0, exits, None
             if root is not None and self._stop_reason is None and attempt < self.options.restarts \
-                    and root.exit_code != exitcodes.PREEMPTED:
+                    and root.exit_code not in NOT_RESTARTED:
                 attempt += 1
                 backoff = min(float(2 ** (attempt - 1)), MAX_BACKOFF)
                 print(f"clusterddp: rank {root.rank} on {root.host} {root.outcome()}; restarting the "

@@ -205,3 +205,11 @@ def test_sigterm_while_workers_save_checkpoints_exits_75(job_dir: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 75
+
+
+def test_nonfinite_loss_exit_is_not_restarted(job_dir: Path) -> None:
+    """Exit 65 (NaN loss agreed by all ranks) is final: restarts are not spent on it."""
+    job = write_job(job_dir, script="exit_with.py", args=["65", "0"], restarts=2)
+    result = cli("run", str(job))
+    assert result.returncode == 65
+    assert "restarting" not in result.stderr
