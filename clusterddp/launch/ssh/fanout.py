@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
@@ -64,6 +64,12 @@ class FanoutOptions:
     heartbeat_timeout: float = 6.0
     stdout: BinaryIO | None = None
     stderr: BinaryIO | None = None
+    #: Run this instead of the job's script (``("-m", "pkg.mod", ...)``): the job still gives
+    #: hosts, env, interpreter and workers per host. ``clusterddp doctor`` runs its worker so.
+    command: tuple[str, ...] | None = None
+    #: Called with every host's session once all probes are in, before the checks: the
+    #: doctor prints each host's facts even when some host fails preflight.
+    on_probed: Callable[[Sequence[HostSession]], None] | None = None
 
 
 @dataclass
@@ -106,10 +112,13 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     cwd = options.cwd or os.getcwd()
     head_env = dict(os.environ if options.head_env is None else options.head_env)
     base_env = {**forwarded_env(head_env, job.ssh.env_allow), **job.env}
-    target = [os.path.abspath(job.source)] if job.source else ["--", *job.entry_argv()]
-    paths = [os.path.abspath(job.source)] if job.source else []
-    if job.script:
-        paths.append(os.path.abspath(job.script_path()))
+    if options.command:
+        target, paths = ["--", *options.command], []
+    else:
+        target = [os.path.abspath(job.source)] if job.source else ["--", *job.entry_argv()]
+        paths = [os.path.abspath(job.source)] if job.source else []
+        if job.script:
+            paths.append(os.path.abspath(job.script_path()))
 
     _raise_fd_limit(len(hosts), say)
     say(f"{len(hosts)} hosts, run id {run_id}, master {master_addr}:{master_port}; "
@@ -126,6 +135,8 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
 
         sessions = start_sessions(hosts, settings, python, request, job.ssh.parallel,
                                   probe_timeout=max(30.0, 3 * settings.timeout))
+        if options.on_probed is not None:
+            options.on_probed(sessions)
         check_all(sessions, HeadFacts.here())
         plans = _plans(job, options, sessions, target, master_addr or "", master_port, run_id, base_env, cwd)
         say(f"preflight passed on {len(hosts)} hosts in {time.monotonic() - started:.1f}s")
