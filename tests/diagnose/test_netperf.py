@@ -64,3 +64,12 @@ def test_allreduce_table_and_result_line() -> None:
         '"hosts": ["n1"], "allreduce": [[8, 0.001]]}'
     found = find_result(["noise", line])
     assert found is not None and found.hosts == ("n1",) and found.pairs == ()
+
+
+def test_doctor_and_head_never_import_torch() -> None:
+    """The doctor's launcher side and the SSH head stay torch-free (only the worker imports it)."""
+    import subprocess
+    import sys
+
+    code = "import clusterddp.diagnose.doctor, clusterddp.launch.ssh.fanout, sys; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
