@@ -15,13 +15,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 import signal
 import subprocess
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
 
 _PR_SET_PDEATHSIG = 1
 #: Environment variable that marks every process of one launcher's workers.
@@ -62,15 +62,23 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def descendants(pid: int) -> list[psutil.Process]:
-    """All live descendants of ``pid`` (snapshot), including ones that left its group."""
+def descendants(pid: int) -> list["psutil.Process"]:
+    """All live descendants of ``pid`` (snapshot), including ones that left its group.
+
+    psutil is imported here, not at module level: a job whose workers all finished never
+    needs it, and every remote launcher of a large fan-out saves its import.
+    """
+    import psutil
+
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
 
 
-def kill_processes(processes: Iterable[psutil.Process]) -> None:
+def kill_processes(processes: Iterable["psutil.Process"]) -> None:
+    import psutil
+
     for proc in processes:
         try:
             proc.kill()
@@ -80,7 +88,7 @@ def kill_processes(processes: Iterable[psutil.Process]) -> None:
 
 def new_marker() -> str:
     """A token unique to this launcher, for ``MARKER``."""
-    return f"{os.getpid()}-{secrets.token_hex(6)}"
+    return f"{os.getpid()}-{os.urandom(6).hex()}"
 
 
 def marked_pids(token: str) -> list[int]:

@@ -237,7 +237,7 @@ class LocalSupervisor:
         ``patient``: a worker was preempted and saved a checkpoint; its peers are most likely
         saving or exiting too, so they get the grace period to finish before any SIGTERM.
         """
-        trees = {w.pgid: procs.descendants(w.proc.pid) for w in self._workers}
+        trees = {w.pgid: procs.descendants(w.proc.pid) for w in self._workers if w.proc.poll() is None}
         deadline = time.monotonic() + self.options.grace_period
         if patient:
             for worker in self._workers:

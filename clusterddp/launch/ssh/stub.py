@@ -8,8 +8,9 @@ over stdin, one JSON line each way:
 2. stub -> head: ``CLUSTERDDP_PROBE {...facts...}`` (pid, pgid, versions, CPUs, GPUs, route
    and interface to the master, whether the master port is free, missing paths)
 3. head -> stub: ``{"argv": [...], "env": {...}, "cwd": ...}`` once every host passed
-   preflight; the stub ``execve``s the launcher, which keeps this PID and the SSH session's
-   stdin (the heartbeat). EOF instead means "preflight failed elsewhere": exit quietly.
+   preflight; the stub becomes the launcher (in-process when the argv is this interpreter's
+   ``-m clusterddp``, else by ``execve``), keeping this PID and the SSH session's stdin (the
+   heartbeat). EOF instead means "preflight failed elsewhere": exit quietly.
 
 Why one program for both: each remote command costs a login shell (~130 ms of .bashrc on
 these hosts) and an interpreter start; probing and launching in the same process halves
@@ -135,16 +136,29 @@ def probe(request):
     return facts
 
 
+def run_launcher_here(args, env):
+    """Become the launcher in this process: it is the interpreter execve would start, and
+    skipping a second interpreter start-up saves CPU on every host of a large fan-out."""
+    os.environ.update(env)
+    sys.argv = ["clusterddp", *args]
+    from clusterddp.cli import main as launcher_main
+
+    sys.exit(launcher_main(args))
+
+
 def main():
     facts = probe(read_message())
     sys.stdout.write("CLUSTERDDP_PROBE " + json.dumps(facts) + "\n")
     sys.stdout.flush()
     go = read_message()
+    argv = go["argv"]
     try:
         os.chdir(go["cwd"])
+        if argv[1:3] == ["-m", "clusterddp"] and os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+            run_launcher_here(argv[3:], go["env"])
         env = dict(os.environ)
         env.update(go["env"])
-        os.execve(go["argv"][0], go["argv"], env)
+        os.execve(argv[0], argv, env)
     except OSError as exc:
         sys.stderr.write("clusterddp: cannot start %s: %s\n" % (go["argv"][0], exc))
         sys.exit(127)
