@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="preflight every node and measure all_reduce across them")
     doctor.add_argument("job")
     doctor.add_argument("--hostfile")
+    doctor.add_argument("--sizes", help="message sizes in bytes, comma-separated (default 8,65536,1048576)")
+    doctor.add_argument("--iters", type=int, help="timed iterations per size (default 5; x4 for sizes <= 4 KiB)")
+    doctor.add_argument("--partners", type=int, help="partner nodes per node for the ping-pong (default 3)")
+    doctor.add_argument("--slow-fraction", type=float,
+                        help="flag a node below this fraction of the others' median (default 0.5)")
 
     for action in SCHEDULER_ACTIONS:
         p = sub.add_parser(action, help=f"{action} the job on a scheduler (slurm, openpai)", add_help=False)

@@ -354,8 +354,10 @@ class LocalSupervisor:
             lines.append(f"  full dump: {path}")
         print("\n".join(lines), file=sys.stderr, flush=True)
         if self.options.report_json:
+            waiting = sorted(r for r, w in report.where.items() if w.in_collective)
             print("CLUSTERDDP_STACKS " + json.dumps({"host": self.topology.host, "why": why,
-                                                      "ranks": report.summaries(), "full": path}), flush=True)
+                                                      "ranks": report.summaries(), "waiting": waiting,
+                                                      "full": path}), flush=True)
         return report
 
     def _progress(self) -> dict[int, float | None]:
@@ -402,14 +404,21 @@ class LocalSupervisor:
         if suspects:
             culprit = (f"rank(s) {format_ranks(suspects)} not in a collective while rank(s) "
                        f"{format_ranks(sorted(waiting))} wait in one")
+        elif waiting and len(waiting) == len(where):
+            culprit = (f"rank(s) {format_ranks(sorted(waiting))} here all wait in a collective: "
+                       f"the rank holding them is on another node")
         else:
             culprit = f"rank(s) {format_ranks(earliest)} stopped first"
         self.request_stop(f"hang: no rank made progress for {stalled:.0f}s "
                           f"(hang_timeout {timeout:g}s); {culprit}")
 
     def _write_launcher_file(self) -> None:
-        """logs/<run-id>/launcher.json lets ``clusterddp stacks`` find this launcher."""
-        if not self.options.run_dir:
+        """logs/<run-id>/launcher.json lets ``clusterddp stacks`` find this launcher.
+
+        Not for a launcher started by the SSH head (--watch-stdin): the head owns that file,
+        and on a shared filesystem every host would overwrite it.
+        """
+        if not self.options.run_dir or self.options.watch_stdin:
             return
         data = {"pid": os.getpid(), "host": self.topology.host, "run_id": self.topology.run_id,
                 "ranks": [p.rank for p in self.plans]}

@@ -165,7 +165,7 @@ def _run(job: JobSpec, options: FanoutOptions, sessions: list[HostSession], plan
         "ranks": list(range(sum(p.nproc for p in plans))), "hosts": [p.host for p in plans]})
     launcher_file.write()
     relay = Relay(launchers, out, err, settings, grace_period=job.grace_period,
-                  heartbeat_interval=options.heartbeat_interval, log_dir=log_dir, on_heartbeat=launcher_file.keep)
+                  heartbeat_interval=options.heartbeat_interval, log_dir=log_dir)
     stop.relay = relay
     if stop.signum is not None:
         relay.request_stop(f"{signal.Signals(stop.signum).name} on the head", stop.signum)

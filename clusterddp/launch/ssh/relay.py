@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from clusterddp import exitcodes
 from clusterddp.diagnose.merge import HostStacks
@@ -101,7 +101,7 @@ class Relay:
 
     def __init__(self, launchers: list[RemoteLauncher], stdout: BinaryIO, stderr: BinaryIO,
                  settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
-                 log_dir: Path | None = None, on_heartbeat: Callable[[], None] | None = None) -> None:
+                 log_dir: Path | None = None) -> None:
         self.launchers = launchers
         self.stdout = stdout
         self.stderr = stderr
@@ -117,7 +117,6 @@ class Relay:
         self._lock = threading.Lock()
         #: Where the merged stacks reports go (the run's log dir on the head).
         self.log_dir = log_dir
-        self.on_heartbeat = on_heartbeat
         self._stacks_wanted = False
         self._round: StacksRound | None = None
         #: The first host that reported a hang, and whether its merged report is out.
@@ -155,8 +154,6 @@ class Relay:
                 if self._teardown_at is None and now >= next_beat:
                     self._heartbeat()
                     next_beat = now + self.heartbeat_interval
-                    if self.on_heartbeat is not None:
-                        self.on_heartbeat()
                 if self._teardown_at is not None and self._escalate(now):
                     break
             self._close_stacks()

@@ -81,28 +81,17 @@ def write_report(text: str, directory: Path) -> Path:
 class LauncherFile:
     """``logs/<run-id>/launcher.json`` naming the head, so ``clusterddp stacks`` signals it.
 
-    Same format as a local launcher's. On a shared filesystem every host's launcher writes
-    the same path when it starts; ``keep`` puts the head's content back (called about once
-    a second), so the file names the process that can answer for all hosts.
+    Same format as a local launcher's. Launchers the head starts (--watch-stdin) never write
+    it, so on a shared filesystem the file keeps naming the process that answers for all hosts.
     """
 
     path: Path
     data: Mapping[str, object]
-    _text: str = ""
 
     def write(self) -> None:
-        self._text = json.dumps(dict(self.data))
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(self._text)
+            tmp.write_text(json.dumps(dict(self.data)))
             os.replace(tmp, self.path)
         except OSError:
             pass
-
-    def keep(self) -> None:
-        try:
-            current = self.path.read_text()
-        except OSError:
-            current = ""
-        if current != self._text:
-            self.write()
