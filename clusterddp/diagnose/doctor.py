@@ -5,7 +5,7 @@
    printed as one table row per node, even when some node fails.
 2. A short all_reduce and ping-pong test with the job's backend, interpreter, env and
    workers per node, started through the normal launcher (fan-out or local) with the
-   built-in worker ``clusterddp.diagnose.bandwidth``; ``netperf`` explains the figures and
+   built-in worker ``clusterddp.train.bandwidth``; ``netperf`` explains the figures and
    flags a node far below the others.
 
 Exit code: 0 when every node is fine, 1 when a node is flagged slow or the test failed,
@@ -29,7 +29,7 @@ from clusterddp.diagnose.netperf import (MARKER, SLOW_FRACTION, Measurements, al
 from clusterddp.launch.ssh.preflight import HeadFacts, HostSession
 from clusterddp.spec import JobSpec, load_job
 
-WORKER = ("-m", "clusterddp.diagnose.bandwidth")
+WORKER = ("-m", "clusterddp.train.bandwidth")
 #: Seconds the local test may take before it is considered stuck.
 LOCAL_TIMEOUT = 600.0
 

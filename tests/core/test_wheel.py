@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,7 +17,11 @@ from tests.conftest import REPO
 def test_wheel_installs_in_a_fresh_venv_and_ships_templates(tmp_path: Path) -> None:
     """Build the wheel, install it (with its dependencies) in a new venv, run clusterddp there."""
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)],
+    # Build from a copy: setuptools' build/ directory keeps stale modules between builds.
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "logs", "runs", "data", "__pycache__", ".pytest_cache"))
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(source)],
                    check=True, capture_output=True, timeout=300)
     wheel = next(dist.glob("clusterddp-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()

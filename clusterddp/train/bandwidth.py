@@ -1,7 +1,7 @@
 """The doctor's worker: time all_reduce across all ranks, then ping-pong between node pairs.
 
 Started by ``clusterddp doctor`` through the normal launcher (locally or on every host of
-the fan-out) as ``-m clusterddp.diagnose.bandwidth``, so it runs with the job's
+the fan-out) as ``-m clusterddp.train.bandwidth``, so it runs with the job's
 interpreter, env, backend and network interface exactly as a training job would. Rank 0
 prints one ``CLUSTERDDP_DOCTOR {json}`` line; ``netperf`` turns it into tables. This is the
 only part of the doctor that imports torch.
@@ -27,7 +27,7 @@ SMALL = 4096
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m clusterddp.diagnose.bandwidth")
+    parser = argparse.ArgumentParser(prog="python -m clusterddp.train.bandwidth")
     parser.add_argument("--sizes", default="8,65536,1048576", help="message sizes in bytes, comma-separated")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per size (x4 for small ones)")
     parser.add_argument("--partners", type=int, default=3, help="partner nodes per node for the ping-pong")

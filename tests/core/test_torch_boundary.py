@@ -1,0 +1,24 @@
+"""Only clusterddp.train imports torch (DESIGN.md): checked on the source of every module."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import REPO
+
+
+def test_no_module_outside_train_imports_torch() -> None:
+    """No module outside clusterddp/train has an import of torch, at any depth."""
+    offenders = []
+    for path in (REPO / "clusterddp").rglob("*.py"):
+        if "train" in path.relative_to(REPO / "clusterddp").parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n == "torch" or n.startswith("torch.") for n in names):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders
