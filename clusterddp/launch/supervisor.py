@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -79,14 +80,10 @@ class SupervisorOptions:
 @dataclass
 class _Worker:
     plan: WorkerPlan
-    proc: object  # subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes]
     output: WorkerOutput
     pgid: int
     exit: WorkerExit | None = None
-
-
-class StopRequested(Exception):
-    """Raised inside the run loop when a signal or the SSH session asks us to stop."""
 
 
 @dataclass
@@ -158,12 +155,14 @@ class LocalSupervisor:
     def _stop_code(self, root: WorkerExit | None, exits: list[WorkerExit]) -> int:
         if self._hang:
             return exitcodes.HANG
-        if any(e.returncode == exitcodes.PREEMPTED for e in exits):
-            # A worker saved a checkpoint and asks to be requeued; that wins over the SIGTERMs
-            # a scheduler sends around a preemption, so SLURM's requeue logic sees 75.
-            return exitcodes.PREEMPTED
         if root is not None:
+            # The first failure decides, also when peers then saved checkpoints on our SIGTERM
+            # and exited 75: a crashed job must not look preempted and be requeued.
             return root.exit_code or 1
+        if any(e.returncode == exitcodes.PREEMPTED for e in exits):
+            # Stopped by a signal (a scheduler's SIGTERM) while the workers saved checkpoints:
+            # report 75 so SLURM's requeue logic sees a preemption, not 143.
+            return exitcodes.PREEMPTED
         if self._stop_signal is not None:
             return 128 + self._stop_signal
         return 1
@@ -238,23 +237,13 @@ class LocalSupervisor:
         saving or exiting too, so they get the grace period to finish before any SIGTERM.
         """
         trees = {w.pgid: procs.descendants(w.proc.pid) for w in self._workers if w.proc.poll() is None}
-        deadline = time.monotonic() + self.options.grace_period
         if patient:
-            for worker in self._workers:
-                try:
-                    worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except Exception:  # subprocess.TimeoutExpired: stopped below
-                    pass
+            self._wait_workers(self._workers, time.monotonic() + self.options.grace_period)
             self._collect_exits()
-            deadline = time.monotonic() + self.options.grace_period
         live = [w for w in self._workers if w.proc.poll() is None]
         for worker in live:
             procs.signal_group(worker.pgid, signal.SIGTERM)
-        for worker in live:
-            try:
-                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception:  # subprocess.TimeoutExpired: handled by SIGKILL below
-                pass
+        self._wait_workers(live, time.monotonic() + self.options.grace_period)
         # SIGKILL every group (also of workers that exited: their children may linger),
         # then any descendant that left its group (setsid daemons, double forks).
         for worker in self._workers:
@@ -270,6 +259,15 @@ class LocalSupervisor:
             worker.output.close()
             if worker.exit.returncode != 0 and not worker.exit.stopped_by_us:
                 worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
+
+    @staticmethod
+    def _wait_workers(workers: list[_Worker], deadline: float) -> None:
+        """Wait for the workers to exit until the deadline (the caller escalates after)."""
+        for worker in workers:
+            try:
+                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
     # -- signals and the SSH session ------------------------------------------------------------
 

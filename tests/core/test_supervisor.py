@@ -213,3 +213,11 @@ def test_nonfinite_loss_exit_is_not_restarted(job_dir: Path) -> None:
     result = cli("run", str(job))
     assert result.returncode == 65
     assert "restarting" not in result.stderr
+
+
+def test_crash_stays_the_root_cause_when_peers_checkpoint_on_sigterm(job_dir: Path) -> None:
+    """Rank 1 crashes (exit 3); rank 0 answers the teardown's SIGTERM with exit 75: exit 3, not 75."""
+    job = write_job(job_dir, script="crash_or_checkpoint.py")
+    result = cli("run", str(job))
+    assert result.returncode == 3, result.stderr
+    assert "failed: rank 1" in result.stderr
