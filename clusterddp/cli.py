@@ -12,10 +12,14 @@ import os
 import signal
 import sys
 from dataclasses import asdict, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from clusterddp import __version__
 from clusterddp.errors import ClusterDDPError
+
+if TYPE_CHECKING:  # imported lazily at run time: `clusterddp --help` should not pay for YAML
+    from clusterddp.envs.base import Overrides
+    from clusterddp.spec import JobSpec
 
 SCHEDULER_ACTIONS = ("render", "submit", "status", "stop")
 
@@ -38,7 +42,7 @@ def _dispatch(argv: list[str]) -> int:
     parser = build_parser()
     if len(argv) >= 1 and argv[0] in SCHEDULER_ACTIONS:
         # `clusterddp submit slurm JOB ...`: the scheduler module parses its own flags.
-        args, rest = parser.parse_known_args(argv[:2])
+        args, _ = parser.parse_known_args(argv[:2])
         from clusterddp.schedulers import get_scheduler
 
         return int(get_scheduler(args.scheduler).main(args.command, argv[2:]))
@@ -90,7 +94,7 @@ def _ranks(value: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"expected ranks like 0,3, got {value!r}") from None
 
 
-def _env_default(name: str, cast=str):  # type: ignore[no-untyped-def]
+def _env_default(name: str, cast: Callable[[str], Any] = str) -> Any:
     raw = os.environ.get(f"CLUSTERDDP_{name}")
     return cast(raw) if raw not in (None, "") else None
 
@@ -163,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace):  # -> JobSpec
+def _load(args: argparse.Namespace) -> JobSpec:
     from clusterddp.spec import job_from_command, load_job
 
     if args.job and args.script_command:
@@ -182,14 +186,14 @@ def _load(args: argparse.Namespace):  # -> JobSpec
     return job.with_overrides(logs=logs, **changes)
 
 
-def _overrides(args: argparse.Namespace, job=None):  # type: ignore[no-untyped-def]  # -> Overrides
+def _overrides(args: argparse.Namespace, job: JobSpec | None = None) -> Overrides:
     from clusterddp.envs import Overrides
 
     return Overrides(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                      master_port=args.master_port, run_id=args.run_id, job=job)
 
 
-def _wants_fanout(job, args: argparse.Namespace, overrides) -> bool:  # type: ignore[no-untyped-def]
+def _wants_fanout(job: JobSpec, args: argparse.Namespace, overrides: Overrides) -> bool:
     if args.watch_stdin or args.node_rank is not None:
         return False  # a launcher the head started on a host: never fan out again
     if args.hostfile:
