@@ -11,7 +11,7 @@ import re
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from clusterddp.errors import JobSpecError
 from clusterddp.sections.openpai import OpenPAISpec
@@ -122,7 +122,7 @@ class JobSpec:
             return self.script
         return os.path.normpath(os.path.join(self.base_dir, self.script))
 
-    def with_overrides(self, **changes: object) -> "JobSpec":
+    def with_overrides(self, **changes: Any) -> "JobSpec":
         """A copy with CLI overrides applied (values of None are ignored)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 

@@ -90,7 +90,7 @@ class NodeReader:
                 raise self.fail(node, path, f"expected one of {options}, got {value!r}",
                                 f"did you mean '{close[0]}'?" if close else None)
             return value
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             return self.build(hint, node, path)
         if origin is tuple:
             if not isinstance(node, yaml.SequenceNode):

@@ -147,7 +147,7 @@ def _on_this_node(job: JobSpec, options: DoctorOptions, run_id: str) -> tuple[in
     try:
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=LOCAL_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
-        lines = (exc.stdout or "").splitlines() if isinstance(exc.stdout, str) else []
+        lines: list[str] = (exc.stdout or "").splitlines() if isinstance(exc.stdout, str) else []
         return 1, None, lines + [f"(no result within {LOCAL_TIMEOUT:.0f}s)"]
     lines = proc.stderr.splitlines() + proc.stdout.splitlines()
     return proc.returncode, find_result(proc.stdout.splitlines()), lines

@@ -28,7 +28,7 @@ def summary_in_collective(summary: str) -> bool:
     innermost frame is a collective function of torch.distributed's own files.
     """
     match = _INNERMOST.match(summary)
-    return bool(match) and match.group("func") in COLLECTIVES and match.group("file") in _LIBRARY_FILES
+    return match is not None and match.group("func") in COLLECTIVES and match.group("file") in _LIBRARY_FILES
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def run_script(path: str, argv: list[str]) -> None:
     module = types.ModuleType("__main__")
     module.__file__ = script
     module.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
-    module.__builtins__ = __builtins__
+    module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = module
     with open(script, "rb") as f:
         code = compile(f.read(), script, "exec")

@@ -8,12 +8,11 @@ the pipe buffer (64 KiB), not on the console.
 from __future__ import annotations
 
 import collections
-import io
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import BinaryIO, Deque
+from typing import IO, Deque, TextIO
 
 #: Lines of stderr kept per worker for the root-cause report.
 TAIL_LINES = 20
@@ -22,7 +21,7 @@ _COLOURS = (b"\033[36m", b"\033[32m", b"\033[33m", b"\033[35m", b"\033[34m", b"\
 _RESET = b"\033[0m"
 
 
-def use_colour(stream: io.TextIOBase) -> bool:
+def use_colour(stream: TextIO) -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
     if "NO_COLOR" in os.environ:
         return False
@@ -79,15 +78,17 @@ class WorkerOutput:
         self._threads: list[threading.Thread] = []
         self._labels = {False: console.label(host, rank, False), True: console.label(host, rank, True)}
 
-    def pump(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
+    def pump(self, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         """Start one daemon thread per pipe."""
         for pipe, is_err in ((stdout, False), (stderr, True)):
+            if pipe is None:
+                continue
             thread = threading.Thread(target=self._pump, args=(pipe, is_err),
                                       name=f"rank{self.rank}-{'err' if is_err else 'out'}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _pump(self, pipe: BinaryIO, is_err: bool) -> None:
+    def _pump(self, pipe: IO[bytes], is_err: bool) -> None:
         import time
 
         show = self.console.shows(self.rank)

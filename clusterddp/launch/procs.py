@@ -27,6 +27,7 @@ _PR_SET_PDEATHSIG = 1
 #: Environment variable that marks every process of one launcher's workers.
 MARKER = "CLUSTERDDP_SUPERVISOR_ID"
 
+_libc: ctypes.CDLL | None
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
 except OSError:  # not Linux: no PDEATHSIG, the reaper still works
@@ -94,7 +95,7 @@ def new_marker() -> str:
 def marked_pids(token: str) -> list[int]:
     """Live processes whose environment carries ``MARKER=token`` (read from /proc)."""
     needle = f"{MARKER}={token}".encode()
-    found = []
+    found: list[int] = []
     me = os.getpid()
     try:
         entries = os.listdir("/proc")

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from clusterddp import exitcodes
 from clusterddp.diagnose.collect import StacksReport, Target, build_report, collect, write_full
@@ -271,8 +271,8 @@ class LocalSupervisor:
 
     # -- signals and the SSH session ------------------------------------------------------------
 
-    def _install_signal_handlers(self) -> dict[int, object]:
-        previous: dict[int, object] = {}
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return previous
         for sig in STOP_SIGNALS:
@@ -284,7 +284,7 @@ class LocalSupervisor:
         return previous
 
     @staticmethod
-    def _restore_signal_handlers(previous: dict[int, object]) -> None:
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -299,7 +299,7 @@ def _job_path(job: JobSpec, path: str | None) -> str | None:
 def _address_of(host: Host) -> str | None:
     """Node 0's address as the other hosts should reach it (None: connect will name the problem)."""
     try:
-        return socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror:
         return None
 

@@ -68,6 +68,7 @@ def resolve_hosts(entries: Sequence[HostEntry], spec: SSHSpec, config: paramiko.
                 raise RemoteError(f"{entry.origin}: {entry.host}: ssh_config {name} is not supported by "
                                   "the SSH fan-out", "make the hosts directly reachable from the head")
         identity = (spec.identity_file,) if spec.identity_file else tuple(options.get("identityfile", ()))
+        known: tuple[str, ...]
         if spec.known_hosts:
             known = (spec.known_hosts,)
         elif "userknownhostsfile" in options:
