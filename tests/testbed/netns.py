@@ -22,26 +22,26 @@ named ``cdssh*``, the bridge, processes inside those namespaces, which only labs
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from tests.testbed import namespaces
+from tests.testbed.namespaces import NETNS_DIR, pids_in_netns
+
 PREFIX = "cdssh"
-BRIDGE = f"{PREFIX}br0"
+BRIDGE = namespaces.bridge_name(PREFIX)
 SUBNET = "10.78.0"
 BRIDGE_IP = f"{SUBNET}.1"
 LOCK_FILE = "/run/cdssh.lock"
-NETNS_DIR = "/var/run/netns"
 SSHD = "/usr/sbin/sshd"
 MAX_HOSTS = 200
+#: Seconds a leftover process gets between SIGTERM and SIGKILL.
+LEFTOVER_GRACE = 1.0
 
 SSHD_CONFIG = """\
 ListenAddress {ip}
@@ -131,11 +131,11 @@ class SSHLab:
 
     def cut(self, host: LabHost) -> None:
         """Take the host's link down, as if its cable were pulled."""
-        _ip("link", "set", host.veth, "down")
+        namespaces.ip("link", "set", host.veth, "down")
         self._cut.add(host.name)
 
     def restore(self, host: LabHost) -> None:
-        _ip("link", "set", host.veth, "up")
+        namespaces.ip("link", "set", host.veth, "up")
         self._cut.discard(host.name)
 
     def run_in(self, host: LabHost, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess:
@@ -144,7 +144,7 @@ class SSHLab:
 
     def stop_sshd(self, host: LabHost) -> None:
         """Stop one host's sshd (the namespace stays): the host becomes unreachable by ssh."""
-        _terminate([host.sshd_pid])
+        namespaces.terminate([host.sshd_pid])
 
     def write_ssh_config(self, path: Path, hosts: Sequence[LabHost], **options: str) -> Path:
         """An ssh_config for ``hosts`` with extra options for every host (e.g. a wrong key file)."""
@@ -154,17 +154,9 @@ class SSHLab:
 
 def lab_unavailable_reason() -> str | None:
     """Why a lab cannot run here (None when it can): tests skip with this reason."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, sshd)"
-    for tool in ("ip", "nsenter", "unshare", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found"
-    if not os.path.exists(SSHD):
-        return f"{SSHD} not found (apt-get install openssh-server)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"ip netns unavailable: {probe.stderr.strip()}"
-    return None
+    return namespaces.unavailable_reason(
+        "needs root (network namespaces, sshd)", ("ip", "nsenter", "unshare", "ssh-keygen"),
+        files={SSHD: f"{SSHD} not found (apt-get install openssh-server)"})
 
 
 @contextlib.contextmanager
@@ -179,51 +171,17 @@ def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None) -> Iter
     reason = lab_unavailable_reason()
     if reason:
         raise RuntimeError(f"cannot build an SSH lab: {reason}")
-    lock = open(LOCK_FILE, "w")  # noqa: SIM115 (held for the lab's life; not inherited: O_CLOEXEC)
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    root = Path(tempfile.mkdtemp(prefix="cdssh-lab-", dir=workdir))
     sshd_pids: list[int] = []
-    try:
-        remove_leftovers()
-        lab = _bring_up(n_hosts, root, sshd_pids)
-        yield lab
-    finally:
-        _terminate(sshd_pids)
-        remove_leftovers()
-        shutil.rmtree(root, ignore_errors=True)
-        lock.close()
+    with namespaces.scratch_dir("cdssh-lab-", workdir) as root, namespaces.exclusive(LOCK_FILE, remove_leftovers):
+        try:
+            yield _bring_up(n_hosts, root, sshd_pids)
+        finally:
+            namespaces.terminate(sshd_pids)
 
 
 def remove_leftovers() -> None:
-    """Kill processes inside ``cdssh*`` namespaces, delete those namespaces and the bridge."""
-    names = [n for n in _netns_names() if n.startswith(PREFIX)]
-    inodes = set()
-    for name in names:
-        with contextlib.suppress(OSError):
-            inodes.add(os.stat(f"{NETNS_DIR}/{name}").st_ino)
-    if inodes:
-        _terminate([pid for ino in inodes for pid in pids_in_netns(ino)], grace=1.0)
-    # Delete our links explicitly: a deleted namespace's veth ends vanish only when the kernel
-    # gets round to destroying the namespace, and the next lab would trip over them.
-    links = sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith(PREFIX))
-    if links:
-        _ip_batch([f"link del {name}" for name in links], check=False)
-    if names:
-        _ip_batch([f"netns del {n}" for n in names])
-
-
-def pids_in_netns(inode: int) -> list[int]:
-    """PIDs whose network namespace is the one with this nsfs inode."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry.name}/ns/net").st_ino == inode:
-                found.append(int(entry.name))
-        except OSError:  # exited meanwhile, or a kernel thread
-            continue
-    return found
+    """Kill processes inside ``cdssh*`` namespaces, delete those namespaces, our veths and the bridge."""
+    namespaces.remove_leftovers(PREFIX, grace=LEFTOVER_GRACE)
 
 
 def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
@@ -233,20 +191,10 @@ def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
     _keygen(client_key)
     authorized = root / "authorized_keys"
     authorized.write_text(Path(f"{client_key}.pub").read_text())
-    names = [f"{PREFIX}{k}" for k in range(1, n_hosts + 1)]
-    ips = [f"{SUBNET}.{k + 1}" for k in range(1, n_hosts + 1)]
+    network = namespaces.build_network(PREFIX, SUBNET, n_hosts)
+    names, ips = [name for name, _ in network], [ip for _, ip in network]
     etc_hosts = root / "etc_hosts"
     etc_hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {n}\n" for n, ip in zip(names, ips)))
-
-    commands = [f"link add {BRIDGE} type bridge", f"addr add {BRIDGE_IP}/24 dev {BRIDGE}",
-                f"link set {BRIDGE} up"]
-    for k, name in enumerate(names, start=1):
-        commands += [f"netns add {name}",
-                     f"link add {PREFIX}v{k} type veth peer name eth0 netns {name}",
-                     f"link set {PREFIX}v{k} master {BRIDGE} up"]
-    _ip_batch(commands)
-    for name, ip in zip(names, ips):
-        _ip_batch([f"addr add {ip}/24 dev eth0", "link set eth0 up", "link set lo up"], netns=name)
 
     os.makedirs("/run/sshd", exist_ok=True)
     key_jobs = []
@@ -272,7 +220,8 @@ def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
                                      "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT)
         sshd_pids.append(proc.pid)  # nsenter, unshare and sh all exec: this PID becomes sshd
-        hosts.append(LabHost(name=name, ip=ip, netns=name, veth=f"{PREFIX}v{k}", sshd_pid=proc.pid))
+        hosts.append(LabHost(name=name, ip=ip, netns=name, veth=namespaces.veth_name(PREFIX, k),
+                             sshd_pid=proc.pid))
 
     known_hosts = root / "known_hosts"
     known_hosts.write_text("".join(
@@ -297,7 +246,7 @@ def _wait_listening(hosts: list[LabHost], hosts_dir: Path, timeout: float = 20.0
     pending = list(hosts)
     while pending:
         for host in list(pending):
-            if not Path(f"/proc/{host.sshd_pid}").exists() or _is_zombie(host.sshd_pid):
+            if namespaces.exited(host.sshd_pid):
                 log = (hosts_dir / host.name / "sshd.log").read_text(errors="replace").strip()
                 raise RuntimeError(f"sshd on {host.name} exited: {log}")
             with contextlib.suppress(OSError), socket.create_connection((host.ip, 22), timeout=0.5) as sock:
@@ -319,59 +268,8 @@ def _public_key(path: Path) -> str:
     return f"{kind} {data}"
 
 
-def _terminate(pids: list[int], grace: float = 2.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace``; reaps the ones that are our children."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
-        if alive:
-            time.sleep(0.05)
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, 0)
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def _is_sshd(pid: int) -> bool:
     try:
         return os.readlink(f"/proc/{pid}/exe") == SSHD
     except OSError:
         return False
-
-
-def _netns_names() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _ip(*args: str, check: bool = True) -> None:
-    subprocess.run(["ip", *args], check=check, capture_output=True)
-
-
-def _ip_batch(commands: list[str], netns: str | None = None, check: bool = True) -> None:
-    argv = ["ip", *(["-n", netns] if netns else []), "-force", "-batch", "-"]
-    proc = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")

@@ -25,26 +25,28 @@ removes what a crashed earlier cluster may have left (``cdslurm*`` namespaces an
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from tests.testbed import namespaces
+from tests.testbed.namespaces import NETNS_DIR, pids_in_netns
+
 PREFIX = "cdslurm"
-BRIDGE = f"{PREFIX}br0"
+BRIDGE = namespaces.bridge_name(PREFIX)
 SUBNET = "10.79.0"
 CONTROLLER_IP = f"{SUBNET}.1"
 CONTROLLER_NAME = f"{PREFIX}ctl"
 LOCK_FILE = "/run/cdslurm.lock"
-NETNS_DIR = "/var/run/netns"
+#: Seconds a job's leftover process gets between SIGTERM and SIGKILL.
+JOB_GRACE = 2.0
+#: Seconds a daemon gets between SIGTERM and SIGKILL (slurmctld writes its state on the way out).
+DAEMON_GRACE = 3.0
 #: CPUs each node claims; above the real count is fine (no cgroups, no binding).
 CPUS_PER_NODE = 4
 
@@ -164,15 +166,10 @@ class SlurmCluster:
 
 def unavailable_reason() -> str | None:
     """Why a cluster cannot run here (None when it can): tests skip with this reason."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, slurmd)"
-    for tool in ("ip", "nsenter", "unshare", "slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found (apt-get install --no-install-recommends slurmctld slurmd slurm-client munge)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    if probe.returncode != 0:
-        return f"ip netns unavailable: {probe.stderr.strip()}"
-    return None
+    return namespaces.unavailable_reason(
+        "needs root (network namespaces, slurmd)",
+        ("ip", "nsenter", "unshare", "slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol"),
+        tool_hint="apt-get install --no-install-recommends slurmctld slurmd slurm-client munge")
 
 
 @contextlib.contextmanager
@@ -188,53 +185,23 @@ def slurm_cluster(n_nodes: int = 2, base_env: Mapping[str, str] | None = None,
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"cannot build a SLURM cluster: {reason}")
-    lock = open(LOCK_FILE, "w")  # noqa: SIM115 (held for the cluster's life; O_CLOEXEC, not inherited)
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    root = Path(tempfile.mkdtemp(prefix="cdslurm-", dir=workdir))
     pids: list[int] = []
-    try:
-        remove_leftovers()
-        yield _bring_up(n_nodes, root, pids, dict(base_env if base_env is not None else os.environ))
-    finally:
-        _stop(root, pids)
-        remove_leftovers()
-        shutil.rmtree(root, ignore_errors=True)
-        lock.close()
+    env = dict(base_env if base_env is not None else os.environ)
+    with namespaces.scratch_dir("cdslurm-", workdir) as root, namespaces.exclusive(LOCK_FILE, remove_leftovers):
+        try:
+            yield _bring_up(n_nodes, root, pids, env)
+        finally:
+            _stop(pids)
 
 
 def remove_leftovers() -> None:
-    """Kill processes inside ``cdslurm*`` namespaces, delete those namespaces and the bridge."""
-    names = [n for n in _netns_names() if n.startswith(PREFIX)]
-    inodes = set()
-    for name in names:
-        with contextlib.suppress(OSError):
-            inodes.add(os.stat(f"{NETNS_DIR}/{name}").st_ino)
-    if inodes:
-        _terminate([pid for ino in inodes for pid in pids_in_netns(ino)], grace=2.0)
-    for name in names:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-    if Path(f"/sys/class/net/{BRIDGE}").exists():
-        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
-
-
-def pids_in_netns(inode: int) -> list[int]:
-    """PIDs whose network namespace is the one with this nsfs inode."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry.name}/ns/net").st_ino == inode:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    """Kill processes inside ``cdslurm*`` namespaces, delete those namespaces, our veths and the bridge."""
+    namespaces.remove_leftovers(PREFIX, grace=JOB_GRACE)
 
 
 def _bring_up(n_nodes: int, root: Path, pids: list[int], base_env: dict[str, str]) -> SlurmCluster:
-    names = [f"{PREFIX}{k}" for k in range(1, n_nodes + 1)]
-    ips = [f"{SUBNET}.{k + 1}" for k in range(1, n_nodes + 1)]
-    _network(names, ips)
+    network = namespaces.build_network(PREFIX, SUBNET, n_nodes)
+    names, ips = [name for name, _ in network], [ip for _, ip in network]
 
     etc_hosts = root / "etc_hosts"
     etc_hosts.write_text("127.0.0.1 localhost\n::1 localhost\n" + f"{CONTROLLER_IP} {CONTROLLER_NAME}\n"
@@ -263,18 +230,6 @@ def _bring_up(n_nodes: int, root: Path, pids: list[int], base_env: dict[str, str
     cluster = SlurmCluster(root=root, conf=conf, nodes=nodes, env=env, daemon_pids=pids)
     _wait_idle(cluster, names)
     return cluster
-
-
-def _network(names: list[str], ips: list[str]) -> None:
-    commands = [f"link add {BRIDGE} type bridge", f"addr add {CONTROLLER_IP}/24 dev {BRIDGE}",
-                f"link set {BRIDGE} up"]
-    for k, name in enumerate(names, start=1):
-        commands += [f"netns add {name}",
-                     f"link add {PREFIX}v{k} type veth peer name eth0 netns {name}",
-                     f"link set {PREFIX}v{k} master {BRIDGE} up"]
-    _ip_batch(commands)
-    for name, ip in zip(names, ips):
-        _ip_batch([f"addr add {ip}/24 dev eth0", "link set eth0 up", "link set lo up"], netns=name)
 
 
 def _start_munged(root: Path, pids: list[int]) -> Path:
@@ -326,60 +281,15 @@ def _wait_idle(cluster: SlurmCluster, names: list[str], timeout: float = 30.0) -
     raise RuntimeError(f"SLURM nodes not idle after {timeout}s: {states}\n{cluster.logs_tail()}")
 
 
-def _stop(root: Path, pids: list[int]) -> None:
+def _stop(pids: list[int]) -> None:
     """Jobs' processes first (they live in the node namespaces), then the daemons by PID."""
-    for name in _netns_names():
-        if name.startswith(PREFIX):
-            with contextlib.suppress(OSError):
-                ino = os.stat(f"{NETNS_DIR}/{name}").st_ino
-                _terminate([p for p in pids_in_netns(ino) if p not in pids], grace=2.0)
-    _terminate(list(reversed(pids)), grace=3.0)
-
-
-def _terminate(pids: list[int], grace: float) -> None:
-    """SIGTERM, then SIGKILL after ``grace``; reaps the ones that are our children."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
-        if alive:
-            time.sleep(0.05)
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    node_names = [n for n in namespaces.netns_names() if n.startswith(PREFIX)]
+    namespaces.terminate([p for p in namespaces.pids_in_namespaces(node_names) if p not in pids],
+                         grace=JOB_GRACE)
+    namespaces.terminate(list(reversed(pids)), grace=DAEMON_GRACE)
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _netns_names() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _ip_batch(commands: list[str], netns: str | None = None) -> None:
-    argv = ["ip", *(["-n", netns] if netns else []), "-batch", "-"]
-    proc = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
