@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from clusterddp.train.amp import Amp
+from clusterddp.train.atomic import atomic_write
 from clusterddp.train.dist import DistContext, all_gather_objects, run_on_main
 from clusterddp.train.model import unwrap
 
@@ -68,35 +69,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save`` to a temp file beside ``path``, fsync, rename, fsync the directory."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(target.parent)
-    return target
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename durable: the directory entry lives in the directory's own blocks."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems (e.g. certain network mounts) refuse fsync on directories
-    finally:
-        os.close(fd)
+    """``torch.save`` that never leaves a torn file (see ``atomic.atomic_write``)."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def save_checkpoint(path: str | os.PathLike[str], ctx: DistContext, *, model: nn.Module,

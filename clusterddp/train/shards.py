@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, BinaryIO, Iterable, Sequence
 
-from clusterddp.train.checkpoint import fsync_dir
+from clusterddp.train.atomic import atomic_write
 from clusterddp.train.dist import DistContext, all_gather_objects, run_on_main
 
 #: The record field that orders and deduplicates rows.
@@ -28,22 +28,12 @@ def shard_path(out_dir: str | os.PathLike[str], name: str, rank: int) -> Path:
 
 
 def write_jsonl_atomic(records: Iterable[dict[str, Any]], path: Path) -> Path:
-    """Write JSON lines to a temp file, fsync, rename: readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, sort_keys=True))
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
-    return path
+    """JSON lines written atomically: a merge never reads half a shard."""
+    def write(f: BinaryIO) -> None:
+        for record in records:
+            f.write(json.dumps(record, sort_keys=True).encode() + b"\n")
+
+    return atomic_write(path, write)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

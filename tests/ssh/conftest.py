@@ -21,11 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(__file__).resolve().parent / "bin"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "ssh: needs root, ip netns and sshd (a real SSH lab)")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
-
-
 @pytest.fixture
 def lab4() -> Iterator[SSHLab]:
     """Four sshd hosts, each in its own network namespace; torn down after the test."""

@@ -9,10 +9,6 @@ import pytest
 from rankrun import PLACEMENT_NAMES, PLACEMENT_PREFIXES
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds (still runs in CI)")
-
-
 @pytest.fixture(autouse=True)
 def _one_thread_and_fresh_context(monkeypatch: pytest.MonkeyPatch):
     """In-process references: single process, one thread like the workers, no context left."""
