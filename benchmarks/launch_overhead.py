@@ -5,6 +5,12 @@ machine. The bare shell spawn (export the env contract by hand, '&', 'wait') is 
 launcher can do less. Methods are interleaved round by round so a busy moment hurts all alike.
 Also reports the launcher's peak RSS (its own process, sampled every 5 ms).
 
+torch's own rendezvous adds a random 0-0.7 s to any run (a rank that connects before rank 0's
+store listens retries with a back-off), under every launcher alike; so the ratio is given on
+the median and on the best run. The worker also records when it started and ended, which
+splits off exactly what the launcher adds: "start" is launch -> first worker running, "exit"
+is last worker done -> launcher gone.
+
     .venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--sizes 2 4]
 
 Targets (issue 2): clusterddp <= 1.10x the floor; launcher RSS <= 60 MB.
@@ -17,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,31 +35,38 @@ WORKER = HERE / "noop_gloo.py"
 PORT = 29700
 
 
+STAMPS = os.path.join(tempfile.gettempdir(), "clusterddp-bench-stamps")
+
+
 def bare_shell(n: int, port: int) -> list[str]:
     lines = []
     for rank in range(n):
         lines.append(f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={n} LOCAL_WORLD_SIZE={n} MASTER_ADDR=127.0.0.1 "
-                     f"MASTER_PORT={port} {sys.executable} {WORKER} &")
+                     f"MASTER_PORT={port} {sys.executable} {WORKER} {STAMPS} &")
     lines.append("wait")
     return ["sh", "-c", "\n".join(lines)]
 
 
 def torchrun(n: int, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
-            f"--master-port={port}", str(WORKER)]
+            f"--master-port={port}", str(WORKER), STAMPS]
 
 
 def clusterddp(n: int, port: int) -> list[str]:
     return [sys.executable, "-m", "clusterddp", "run", "--nproc-per-node", str(n), "--master-port", str(port),
-            "--log-dir", "/tmp/clusterddp-bench-logs", "--", str(WORKER)]
+            "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs"), "--", str(WORKER), STAMPS]
 
 
 METHODS = {"floor (sh)": bare_shell, "torchrun": torchrun, "clusterddp": clusterddp}
 
 
-def timed(argv: list[str]) -> tuple[float, int]:
-    """Wall time of one run and the peak RSS of the top process (the launcher)."""
+def timed(argv: list[str]) -> tuple[float, int, float, float]:
+    """Wall time, peak RSS of the top process (the launcher), and the launcher's start and
+    exit overheads from the workers' own time stamps."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if os.path.exists(STAMPS):
+        os.unlink(STAMPS)
+    launched = time.time()
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = [0]
@@ -70,37 +84,48 @@ def timed(argv: list[str]) -> tuple[float, int]:
     sampler.start()
     _, err = proc.communicate()
     elapsed = time.perf_counter() - start
+    ended = time.time()
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {err.decode()[-2000:]}")
-    return elapsed, peak[0]
+    with open(STAMPS) as f:
+        stamps = [tuple(map(float, line.split())) for line in f if line.strip()]
+    first_start = min(s for s, _ in stamps)
+    last_end = max(e for _, e in stamps)
+    return elapsed, peak[0], first_start - launched, ended - last_end
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], int] = {}
+    starts: dict[tuple[str, int], list[float]] = {}
+    exits: dict[tuple[str, int], list[float]] = {}
     port = PORT
     for n in args.sizes:
         timed(bare_shell(n, port))  # warm the page cache once
         port += 1
         for _ in range(args.rounds):
             for name, build in METHODS.items():
-                elapsed, peak = timed(build(n, port))
+                elapsed, peak, start_gap, exit_gap = timed(build(n, port))
                 port += 1
                 results.setdefault((name, n), []).append(elapsed)
+                starts.setdefault((name, n), []).append(start_gap)
+                exits.setdefault((name, n), []).append(exit_gap)
                 rss[(name, n)] = max(rss.get((name, n), 0), peak)
-    print(f"{'workers':>7}  {'method':<12} {'median s':>9} {'min s':>7} {'x floor':>8} {'launcher peak RSS':>18}")
+    print(f"{'workers':>7}  {'method':<12} {'median s':>9} {'min s':>7} {'x floor (median)':>17} "
+          f"{'x floor (min)':>14} {'start ms':>9} {'exit ms':>8} {'launcher peak RSS':>18}")
     for n in args.sizes:
-        floor = statistics.median(results[("floor (sh)", n)])
+        floor = results[("floor (sh)", n)]
         for name in METHODS:
             times = results[(name, n)]
             median = statistics.median(times)
-            print(f"{n:>7}  {name:<12} {median:>9.3f} {min(times):>7.3f} {median / floor:>8.3f} "
-                  f"{rss[(name, n)] / 2**20:>15.1f} MB")
+            print(f"{n:>7}  {name:<12} {median:>9.3f} {min(times):>7.3f} {median / statistics.median(floor):>17.3f} "
+                  f"{min(times) / min(floor):>14.3f} {statistics.median(starts[(name, n)]) * 1000:>9.0f} "
+                  f"{statistics.median(exits[(name, n)]) * 1000:>8.0f} {rss[(name, n)] / 2**20:>15.1f} MB")
 
 
 if __name__ == "__main__":
