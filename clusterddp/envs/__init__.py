@@ -6,7 +6,7 @@ Adding a scheduler means one module in this package and one line in ``ORDER``.
 from __future__ import annotations
 
 import importlib
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from clusterddp.envs.base import ClusterEnv, Overrides, Placement
 
@@ -28,13 +28,12 @@ ORDER: tuple[str, ...] = (
 )
 
 
-def environment_classes() -> list[type[ClusterEnv]]:
-    """The environment classes in detection order (imported on first use)."""
-    classes = []
+def environment_classes() -> Iterator[type[ClusterEnv]]:
+    """The environment classes in detection order, each imported only when reached: a
+    launcher placed by explicit flags (every host of an SSH fan-out) imports no scheduler."""
     for entry in ORDER:
         module_name, _, class_name = entry.partition(":")
-        classes.append(getattr(importlib.import_module(module_name), class_name))
-    return classes
+        yield getattr(importlib.import_module(module_name), class_name)
 
 
 def detect(env: Mapping[str, str], overrides: Overrides | None = None) -> ClusterEnv:
