@@ -39,6 +39,19 @@ def test_hello_4_hosts_x_2_workers(lab4: SSHLab, head_factory, tmp_path: Path) -
     assert "hello from rank 7/8" in copies[3].read_text()
 
 
+def test_cifar10_few_steps_on_4_hosts(lab4: SSHLab, head_factory, tmp_path: Path) -> None:
+    """jobs/cifar10.py over SSH, 4 hosts x 2 workers, a few steps: trains, checkpoints, leaves nothing."""
+    args = ["--epochs", "1", "--width", "4", "--batch-size", "8", "--synthetic-train", "256",
+            "--synthetic-test", "64", "--workers", "0", "--out-dir", str(tmp_path / "run")]
+    job = write_job(lab4, str(REPO / "jobs" / "cifar10.py"), name="cifar", args=args)
+    head = head_factory(str(job), "--hostfile", str(lab4.hostfile))
+    assert head.finish() == 0, head.output()
+    out = "\n".join(head.stdout)
+    assert "8 rank(s)" in out and "epoch 1/1" in out, head.output()
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+    _assert_clean(lab4, 3)
+
+
 def test_worker_failure_on_host3_stops_every_host(lab4: SSHLab, head_factory) -> None:
     """A worker exiting 3 on host 3: all hosts clean within 3 s; exit code 3; root cause names cdssh3."""
     job = write_job(lab4, "fail_on_host.py", env={"FAIL_HOST": "cdssh3", "FAIL_CODE": "3", "FAIL_AFTER": "2"})
