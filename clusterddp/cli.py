@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("clusterddp: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # `clusterddp render ... | head`: the reader left; stop quietly like other CLI tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _dispatch(argv: list[str]) -> int:
