@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Mapping, Union
 
 from clusterddp.errors import JobSpecError
 from clusterddp.sections.openpai import OpenPAISpec
@@ -104,6 +105,14 @@ class JobSpec:
     #: Set by load_job, not by the YAML: the file it came from and its directory.
     source: str | None = field(default=None, compare=False, metadata={INTERNAL: True})
     base_dir: str = field(default=".", compare=False, metadata={INTERNAL: True})
+    key_lines: Mapping[str, int] = field(default_factory=dict, compare=False, metadata={INTERNAL: True})
+
+    def where(self, key: str) -> str:
+        """``file:line: key`` for messages about a value after loading (``key`` dotted)."""
+        if self.source is None:
+            return f"<command line>: {key}"
+        line = self.key_lines.get(key)
+        return f"{self.source}:{line}: {key}" if line else f"{self.source}: {key}"
 
     def entry_argv(self) -> list[str]:
         """What follows the interpreter: ``script args`` or ``-m module args``."""
@@ -145,7 +154,7 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
         raise reader.fail(node, "script", "missing what to run", "add 'script: train.py' or 'module: pkg.train'")
     name = spec.name if "name" in _keys(node) else _default_name(shown)
     base_dir = os.path.dirname(os.path.abspath(shown))
-    spec = replace(spec, name=name, source=shown, base_dir=base_dir)
+    spec = replace(spec, name=name, source=shown, base_dir=base_dir, key_lines=types.MappingProxyType(reader.lines))
     if spec.script and not os.path.isfile(spec.script_path()):
         line = _line_of(node, "script")
         raise JobSpecError(shown, line, "script", f"no such file: {spec.script_path()}")

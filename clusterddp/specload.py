@@ -37,6 +37,9 @@ class NodeReader:
     def __init__(self, path: str) -> None:
         self.path = path
         self._constructor = yaml.constructor.SafeConstructor()
+        #: Line of every key read, by dotted path: later checks (a missing interpreter, a
+        #: scheduler's rule) still point at the line that set the value.
+        self.lines: dict[str, int] = {}
 
     def fail(self, node: yaml.Node | None, key: str, message: str, hint: str | None = None) -> JobSpecError:
         line = node.start_mark.line + 1 if node is not None else None
@@ -59,6 +62,7 @@ class NodeReader:
             if name in seen:
                 raise self.fail(key_node, path, f"duplicate key (first given on line {seen[name].start_mark.line + 1})")
             seen[name] = key_node
+            self.lines[path] = key_node.start_mark.line + 1
             if name not in fields:
                 close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
                 hint = f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(fields))

@@ -65,9 +65,9 @@ def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
         return
     python = plans[0].argv[0]
     if os.sep in python and not os.access(python, os.X_OK):
-        raise LaunchError(f"{job.source or 'job'}: python: {python} is not an executable file")
+        raise LaunchError(f"{job.where('python')}: {python} is not an executable file")
     if not os.path.isdir(plans[0].cwd):
-        raise LaunchError(f"{job.source or 'job'}: workdir: {plans[0].cwd} is not a directory")
+        raise LaunchError(f"{job.where('workdir')}: {plans[0].cwd} is not a directory")
 
 
 def prepare_logs(plans: list[WorkerPlan]) -> None:

@@ -161,3 +161,16 @@ def test_example_jobs_load() -> None:
 def test_malformed_table_is_large_enough() -> None:
     """The issue asks for 30+ malformed job files."""
     assert len(MALFORMED) + len(OTHER_BROKEN) >= 30
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("name: x\npython: /no/such/python\n", ":3: python: /no/such/python is not an executable file"),
+    ("name: x\nworkdir: /no/such/dir\n", ":3: workdir: /no/such/dir is not a directory"),
+])
+def test_checks_after_loading_still_name_the_line(tmp_path: Path, body: str, expected: str) -> None:
+    """A value that parses but cannot be used (missing interpreter, workdir) names its line; nothing starts."""
+    path = _write(tmp_path, "late", body)
+    result = cli("run", str(path), cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{path}{expected}" in result.stderr
+    assert not (tmp_path / "logs").exists()
