@@ -257,7 +257,7 @@ class LocalSupervisor:
             if worker.exit is None:
                 worker.exit = self._exit_of(worker, stopped_by_us=True)
             worker.output.close()
-            if worker.exit.returncode != 0 and not worker.exit.stopped_by_us:
+            if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
                 worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
 
     @staticmethod

@@ -21,11 +21,28 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     Other exceptions propagate as usual (a traceback is what a bug needs).
     """
     try:
-        code = main() or 0
+        code = _call(main)
+    except BaseException:
+        cleanup()
+        raise
+    # Only here, with main's frames and any SystemExit (a preemption) gone, can cleanup's
+    # garbage collection free DDP before the group is destroyed; otherwise gloo's destructor
+    # runs at interpreter exit and aborts the process ("terminate called without an active
+    # exception"), and a saved preemption looks like a crash.
+    cleanup()
+    sys.exit(code)
+
+
+def _call(main: Callable[[], int | None]) -> int:
+    """``main()``'s exit code, with the library's agreed stops turned into codes."""
+    try:
+        return main() or 0
     except NonFiniteLossError as exc:
         if get_rank() == 0:
             print(f"clusterddp.train: {exc}", file=sys.stderr, flush=True)
-        code = NONFINITE_LOSS_EXIT_CODE
-    finally:
-        cleanup()
-    sys.exit(code)
+        return NONFINITE_LOSS_EXIT_CODE
+    except SystemExit as exc:  # Preempted, or sys.exit() inside main
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr, flush=True)
+        return 1
