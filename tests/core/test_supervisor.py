@@ -221,3 +221,23 @@ def test_crash_stays_the_root_cause_when_peers_checkpoint_on_sigterm(job_dir: Pa
     result = cli("run", str(job))
     assert result.returncode == 3, result.stderr
     assert "failed: rank 1" in result.stderr
+
+
+def test_console_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The [host rank R] prefix is coloured on a TTY; NO_COLOR and pipes turn colour off."""
+    import io
+
+    from clusterddp.launch.logs import ConsoleSink, use_colour
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert use_colour(Tty()) and not use_colour(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_colour(Tty())
+    sink = ConsoleSink(colour_out=True, colour_err=False)
+    assert sink.label("h", 3, stderr=False).startswith(b"\033[") and b"[h rank 3] " in sink.label("h", 3, False)
+    assert sink.label("h", 3, stderr=True) == b"[h rank 3] "
+    assert ConsoleSink(prefix=False).label("h", 3, False) == b""

@@ -9,6 +9,7 @@ successfully.``, 400 InvalidProtocolError, 401 UnauthorizedUserError, 403 Forbid
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -154,10 +155,18 @@ def _handler(state: FakeOpenPAI) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that gave up (the timeout test) resets its connection; that is expected."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 @contextmanager
 def fake_openpai(state: FakeOpenPAI) -> Iterator[FakeOpenPAI]:
     """Serve ``state`` on 127.0.0.1 (a free port) in a thread; stop and join it afterwards."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server = _QuietServer(("127.0.0.1", 0), _handler(state))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               name="fake-openpai", daemon=True)
