@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import threading
@@ -21,6 +22,11 @@ from dataclasses import dataclass
 import paramiko
 
 from clusterddp.launch.ssh.hosts import Host
+
+# paramiko logs a failed handshake from its transport thread, traceback included, through
+# Python's last-resort handler; we already turn every failure into one line per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 KEEPALIVE_IDLE = 2
 KEEPALIVE_INTERVAL = 2
