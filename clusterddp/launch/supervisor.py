@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from clusterddp import exitcodes
 from clusterddp.diagnose.collect import StacksReport, Target, build_report, collect, write_full
-from clusterddp.diagnose.stacks import format_ranks
+from clusterddp.diagnose.hang import RankLife, culprit, last_progress, stalled_for
 from clusterddp.launch import procs
 from clusterddp.launch.bootstrap import STACKS_ENV
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
@@ -358,57 +358,20 @@ class LocalSupervisor:
                                                       "full": path}), flush=True)
         return report
 
-    def _progress(self) -> dict[int, float | None]:
-        """Last sign of life per live rank (monotonic clock): a printed line or a heartbeat.
-
-        None for a rank that has shown no life yet (still importing torch, say).
-        """
-        now_wall, now_mono = time.time(), time.monotonic()
-        progress: dict[int, float | None] = {}
-        for worker in self._workers:
-            if worker.exit is not None:
-                continue
-            last = worker.output.last_line_at or None
-            try:
-                beat = now_mono - (now_wall - os.stat(worker.plan.env[HEARTBEAT_ENV]).st_mtime)
-                last = max(last or 0.0, beat) if beat >= self._attempt_started else last
-            except (KeyError, OSError):
-                pass
-            progress[worker.plan.rank] = last
-        return progress
-
     def _check_hang(self) -> None:
-        """The hang clock starts at the first sign of life of any rank, so start-up (imports,
-        data set preparation) never counts; from then on a rank silent since then is stalled."""
         timeout = self.options.hang_timeout
         if not timeout:
             return
-        progress = self._progress()
-        seen = [t for t in progress.values() if t is not None]
-        if not seen:
+        lives = [RankLife(w.plan.rank, w.output.last_line_at, w.plan.env.get(HEARTBEAT_ENV))
+                 for w in self._workers if w.exit is None]
+        progress = last_progress(lives, since=self._attempt_started)
+        stalled = stalled_for(progress, time.monotonic())
+        if stalled is None or stalled <= timeout:
             return
-        first_life = min(seen)
-        last = {rank: (t if t is not None else first_life) for rank, t in progress.items()}
-        stalled = time.monotonic() - max(last.values())
-        if stalled <= timeout:
-            return
-        earliest_time = min(last.values())
-        earliest = sorted(r for r, t in last.items() if t - earliest_time < 0.5)
         report = self.dump_stacks("hang")
-        where = report.where if report else {}
-        waiting = [r for r, w in where.items() if w.in_collective]
-        suspects = sorted(r for r, w in where.items() if not w.in_collective) if waiting else []
         self._hang = True
-        if suspects:
-            culprit = (f"rank(s) {format_ranks(suspects)} not in a collective while rank(s) "
-                       f"{format_ranks(sorted(waiting))} wait in one")
-        elif waiting and len(waiting) == len(where):
-            culprit = (f"rank(s) {format_ranks(sorted(waiting))} here all wait in a collective: "
-                       f"the rank holding them is on another node")
-        else:
-            culprit = f"rank(s) {format_ranks(earliest)} stopped first"
-        self.request_stop(f"hang: no rank made progress for {stalled:.0f}s "
-                          f"(hang_timeout {timeout:g}s); {culprit}")
+        self.request_stop(f"hang: no rank made progress for {stalled:.0f}s (hang_timeout {timeout:g}s); "
+                          + culprit(progress, report.where if report else {}))
 
     def _write_launcher_file(self) -> None:
         """logs/<run-id>/launcher.json lets ``clusterddp stacks`` find this launcher.
