@@ -10,9 +10,13 @@ from __future__ import annotations
 import sys
 from typing import Callable, NoReturn
 
-from clusterddp.train.dist import cleanup, get_rank
-from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE
+from clusterddp.train.dist import barrier, cleanup, get_rank
+from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE
 from clusterddp.train.guard import NonFiniteLossError
+
+
+#: Exits every rank takes together (the library agrees on them across ranks first).
+AGREED_EXITS = (0, NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE)
 
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
@@ -29,6 +33,11 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     # garbage collection free DDP before the group is destroyed; otherwise gloo's destructor
     # runs at interpreter exit and aborts the process ("terminate called without an active
     # exception"), and a saved preemption looks like a crash.
+    if code in AGREED_EXITS:
+        # Every rank reached this same decision together, so all are alive: meet once more,
+        # so no rank tears its sockets down while a peer is still inside the group (gloo
+        # then aborts the slower rank, about once in thirty NaN stops measured here).
+        barrier()
     cleanup()
     sys.exit(code)
 
