@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from clusterddp.diagnose.stacks import RankWhere, group_report, locate
 from clusterddp.launch.bootstrap import DUMP_SIGNAL
@@ -83,11 +84,20 @@ def build_report(dumps: dict[int, str], host: str) -> StacksReport:
 
 def write_full(report: StacksReport, directory: str) -> str:
     """Keep the whole dump next to the rank logs; return its path."""
-    path = os.path.join(directory, f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt")
+    return str(write_stacks_file(report.full_text, Path(directory)))
+
+
+def write_stacks_file(text: str, directory: Path) -> Path:
+    """``stacks-<time>-<pid>.txt`` in the run's log dir, written whole (temp file + rename):
+    the name ``clusterddp stacks`` waits for, the pid telling this process's report from
+    other hosts' dumps on a shared filesystem."""
+    base = f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path = directory / f"{base}.txt"
     n = 1
-    while os.path.exists(path):
-        path = path.replace(".txt", f".{n}.txt")
+    while path.exists():
+        path = directory / f"{base}.{n}.txt"
         n += 1
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(report.full_text)
+    tmp = directory / f".{path.name}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
     return path

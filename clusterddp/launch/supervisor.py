@@ -26,9 +26,7 @@ from clusterddp.launch.bootstrap import STACKS_ENV
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.report import WorkerExit, format_report, read_error_file
 from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
-
-#: Where a worker's clusterddp.train.heartbeat() records progress (read by the hang detector).
-HEARTBEAT_ENV = "CLUSTERDDP_HEARTBEAT_FILE"
+from clusterddp.train.liveness import HEARTBEAT_ENV  # torch-free: the worker side of the contract
 
 #: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)

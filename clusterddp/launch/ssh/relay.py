@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from clusterddp import exitcodes
+from clusterddp.diagnose.collect import write_stacks_file
 from clusterddp.diagnose.merge import HostStacks
 from clusterddp.launch.ssh.connect import USER_TIMEOUT_MS, ConnectError, ConnectSettings, open_client
 from clusterddp.launch.ssh.preflight import HostSession
 from clusterddp.launch.ssh.remote_command import LaunchPlan, kill_command
 from clusterddp.launch.ssh.stacks import (HANG_WAIT, REMOTE_BLOCK_HEADER, REQUEST_WAIT, STACKS_MARKER,
-                                          StacksRound, write_report)
+                                          StacksRound)
 from clusterddp.launch.supervisor import STACKS_REQUEST_BYTE
 
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
@@ -378,7 +379,7 @@ class Relay:
         title = round_.title(len(self.launchers))
         lines = [f"clusterddp: {title}"] + [f"  {line}" for line in merged.lines()]
         if self.log_dir is not None and round_.answers:
-            path = write_report(merged.text(title), self.log_dir).resolve()
+            path = write_stacks_file(merged.text(title), self.log_dir).resolve()
             lines.append(f"  summary and each host's full-dump path: {path}")
         with self._lock:
             self.stderr.write(("\n".join(lines) + "\n").encode())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -60,21 +59,6 @@ class StacksRound:
         ranks = sum(len(a.ranks) for a in self.answers.values())
         cause = f", after a hang on {self.trigger}" if self.trigger else ""
         return f"where each rank is: {ranks} rank(s) on {len(self.answers)} of {n_hosts} host(s) ({self.why}{cause}):"
-
-
-def write_report(text: str, directory: Path) -> Path:
-    """``stacks-<time>-<head pid>.txt`` in the run's log dir, the name ``clusterddp stacks``
-    waits for (the pid tells the head's file from hosts' own dumps on a shared filesystem)."""
-    base = f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    path = directory / f"{base}.txt"
-    n = 1
-    while path.exists():
-        path = directory / f"{base}.{n}.txt"
-        n += 1
-    tmp = directory / f".{path.name}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
 
 
 @dataclass
