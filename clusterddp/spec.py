@@ -19,6 +19,7 @@ from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.sections.ssh import SSHSpec
 from clusterddp.specload import INTERNAL, NodeReader, check, compose
+from clusterddp.validate import env_name_problem
 
 NprocPerNode = Union[int, Literal["auto", "gpu", "cpu"]]
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -62,6 +63,14 @@ def _env_names(value: dict[str, str]) -> str | None:
     return None
 
 
+def _passthrough_names(value: tuple[str, ...]) -> str | None:
+    for name in value:
+        problem = env_name_problem(name)
+        if problem:
+            return problem
+    return None
+
+
 @dataclass(frozen=True)
 class MasterSpec:
     """Where rank 0's TCP store listens; filled in by the cluster environment when absent."""
@@ -91,6 +100,10 @@ class JobSpec:
     nproc_per_node: NprocPerNode = field(default="auto", metadata=check(_nproc))
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     env: dict[str, str] = field(default_factory=dict, metadata=check(_env_names))
+    #: Names of the launcher's variables every worker gets (secrets: WANDB_API_KEY, HF_TOKEN):
+    #: copied by name at start, over SSH too, ``--export``-ed by name into sbatch; the value is
+    #: never written to a job file, a rendered script, a dry run or a log.
+    env_passthrough: tuple[str, ...] = field(default=(), metadata=check(_passthrough_names))
     workdir: str | None = None
     python: str | None = None
     master: MasterSpec = field(default_factory=MasterSpec)

@@ -1,0 +1,152 @@
+"""The one set of rules every value obeys, wherever it enters: job file, flags,
+``CLUSTERDDP_*`` variables, hostfile, token files, the cluster's variables.
+
+Each check is a pure function ``value -> problem | None`` (the protocol of
+``specload.check``), so the YAML loader, the CLI and the environments share it. Grammars use
+``fullmatch``: ``re.match`` with ``$`` admits a trailing newline, which is how ``name:
+"hello\\n"`` once got through. Every echoed value goes through ``shown`` so that a 50 MB field
+never becomes a 50 MB error line, and a control character never reaches the terminal raw.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import unicodedata
+
+#: A job file is a regular file of at most this many bytes (a FIFO would hang the reader,
+#: /dev/zero would fill memory).
+MAX_JOB_FILE_BYTES = 1 << 20
+#: One string value (an argument, an env value, a path) at most this many characters; Linux
+#: refuses a single exec argument over 128 KiB (E2BIG) anyway.
+MAX_VALUE_CHARS = 64 << 10
+#: Names and run ids: plain tokens of at most this many characters.
+MAX_TOKEN_CHARS = 128
+#: Workers on one node unless ``CLUSTERDDP_MAX_WORKERS_PER_NODE`` raises the bound.
+MAX_WORKERS_PER_NODE = 256
+MAX_WORKERS_ENV = "CLUSTERDDP_MAX_WORKERS_PER_NODE"
+#: Nodes of one job (a typo like 10**26 must not become a loop or a 700 MB dry run).
+MAX_NODES = 65536
+#: Characters of a value echoed in an error line.
+ECHO_CHARS = 80
+
+TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: Signals the launcher needs for itself: stopping the job, children, the stacks request.
+_RESERVED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGCHLD")
+#: Cannot be caught, or stop the process (a stopped launcher supervises nothing), or are
+#: synchronous faults whose handler would loop.
+_UNUSABLE_SIGNALS = ("SIGKILL", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU",
+                     "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGPIPE")
+
+
+def shown(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr`` of a value for an error line: control characters escaped, cut to ``limit``."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit + 2 else text[:limit] + "...'"
+
+
+def is_control(char: str) -> bool:
+    """C0/C1 controls, DEL, and the Unicode line and paragraph separators, BOM and bidi
+    overrides: anything that can end a line, hide text or move the cursor."""
+    category = unicodedata.category(char)
+    return category in ("Cc", "Zl", "Zp") or (category == "Cf" and char != "\u200d")
+
+
+def control_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a name, path or single line; None when it can."""
+    for index, char in enumerate(value):
+        if char == "\0":
+            return f"contains a NUL byte at character {index}"
+        if is_control(char):
+            return f"contains the control character {char!r} at character {index}"
+    return None
+
+
+def text_problem(value: str, limit: int = MAX_VALUE_CHARS) -> str | None:
+    """Free text (an argument, an env value): no NUL (exec would refuse it), bounded size."""
+    if "\0" in value:
+        return f"contains a NUL byte at character {value.index(chr(0))}"
+    if len(value) > limit:
+        return f"is {len(value)} characters long (at most {limit})"
+    return None
+
+
+def line_problem(value: str, limit: int = MAX_VALUE_CHARS) -> str | None:
+    """One line of text (a path, a shell line, an interpreter): bounded, no control characters."""
+    if len(value) > limit:
+        return f"is {len(value)} characters long (at most {limit})"
+    return control_problem(value)
+
+
+def token_problem(value: str, what: str = "a name") -> str | None:
+    """Names and run ids: letters, digits, '_', '.', '-', starting with a letter or digit."""
+    if len(value) > MAX_TOKEN_CHARS:
+        return f"{what} of at most {MAX_TOKEN_CHARS} characters, got {len(value)}"
+    if TOKEN.fullmatch(value) and value not in (".", ".."):
+        return None
+    return f"must be {what} of letters, digits, '_', '.', '-' (starting with a letter or digit), got {shown(value)}"
+
+
+def env_name_problem(name: str) -> str | None:
+    if len(name) <= MAX_TOKEN_CHARS and ENV_NAME.fullmatch(name):
+        return None
+    return f"invalid environment variable name {shown(name)}"
+
+
+def port_problem(value: int) -> str | None:
+    return None if 1 <= value <= 65535 else f"port must be 1-65535, got {value}"
+
+
+def positive_problem(value: float) -> str | None:
+    if value != value or value in (float("inf"), float("-inf")):
+        return f"must be a finite number, got {value}"
+    return None if value > 0 else f"must be > 0, got {value}"
+
+
+def non_negative_problem(value: float) -> str | None:
+    if value != value or value in (float("inf"), float("-inf")):
+        return f"must be a finite number, got {value}"
+    return None if value >= 0 else f"must be >= 0, got {value}"
+
+
+def max_workers_per_node(env: "os._Environ[str] | dict[str, str] | None" = None) -> int:
+    """The bound on workers per node; ``CLUSTERDDP_MAX_WORKERS_PER_NODE`` raises it."""
+    raw = (os.environ if env is None else env).get(MAX_WORKERS_ENV, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_WORKERS_PER_NODE
+
+
+def workers_problem(value: int) -> str | None:
+    if value < 1:
+        return f"must be >= 1, got {value}"
+    bound = max_workers_per_node()
+    if value > bound:
+        return (f"{value} workers on one node is over the bound of {bound} "
+                f"(set {MAX_WORKERS_ENV} to go past it)")
+    return None
+
+
+def nodes_problem(value: int) -> str | None:
+    if value < 1:
+        return f"must be > 0, got {value}"
+    return None if value <= MAX_NODES else f"{value} nodes is over the bound of {MAX_NODES}"
+
+
+def signal_problem(name: str) -> str | None:
+    """A signal the launcher can forward to workers: known, catchable, not a stop signal,
+    and not one the launcher needs for itself."""
+    if not isinstance(name, str) or not name.startswith("SIG") or name.startswith(("SIG_", "SIGRT")):
+        return f"unknown signal {shown(name)} (use names like SIGUSR1)"
+    if not isinstance(getattr(signal, name, None), signal.Signals):
+        return f"unknown signal {shown(name)} (use names like SIGUSR1)"
+    if name in _UNUSABLE_SIGNALS:
+        return f"{name} cannot be forwarded: it cannot be caught, stops the process, or is a fault"
+    if name in _RESERVED_SIGNALS:
+        return f"{name} stops the job (or is the launcher's own): it cannot also be forwarded"
+    return None
