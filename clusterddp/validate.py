@@ -10,6 +10,8 @@ never becomes a 50 MB error line, and a control character never reaches the term
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import os
 import re
 import signal
@@ -150,3 +152,63 @@ def signal_problem(name: str) -> str | None:
     if name in _RESERVED_SIGNALS:
         return f"{name} stops the job (or is the launcher's own): it cannot also be forwarded"
     return None
+
+
+# --- The cluster's variables (clusterddp/envs): a scheduler's value is input like any other.
+
+#: A host name (RFC 1123 labels; '_' allowed, as SLURM node names have it) or an IP address.
+MAX_HOST_CHARS = 253
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+#: The characters of an IPv4/IPv6 address, with an optional zone (``fe80::1%eth0``).
+_IP_TEXT = re.compile(r"[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?")
+#: Counts and indexes read from the cluster's variables (restart counts, CPUs per task).
+MAX_COUNT = 1 << 20
+#: A decimal integer as a scheduler writes it: ASCII digits, an optional '-', no blanks, no
+#: '+', no '_' and no Unicode digits (``int(" 3\n")``, ``int("1_0")`` and ``int("٣")`` all
+#: succeed, which is how a wrong value slips through).
+INTEGER_TEXT = re.compile(r"-?[0-9]{1,19}")
+#: An id the cluster chose (``alice~job``, a SLURM job id) before it becomes a run id.
+MAX_ID_CHARS = 1024
+_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def host_problem(value: str) -> str | None:
+    """A master address: an IP address or a host name of at most 253 characters; no blanks,
+    control characters, or leading '-' (it would read as an option to srun or ssh)."""
+    if len(value) <= MAX_HOST_CHARS and HOST_NAME.fullmatch(value):
+        return None
+    if not _IP_TEXT.fullmatch(value):
+        return f"expected a host name or IP address, got {shown(value)}"
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        return f"expected a host name or IP address, got {shown(value)}"
+
+
+def int_text_problem(raw: str, low: int, high: int) -> str | None:
+    """Why ``raw`` is not a strict decimal integer in ``low..high``; None when it is."""
+    if not INTEGER_TEXT.fullmatch(raw) or not low <= int(raw) <= high:
+        return f"expected an integer from {low} to {high}, got {shown(raw)}"
+    return None
+
+
+def id_problem(value: str) -> str | None:
+    """An id the cluster chose, before ``as_token``: one bounded line."""
+    if len(value) > MAX_ID_CHARS:
+        return f"is {len(value)} characters long (at most {MAX_ID_CHARS})"
+    return control_problem(value)
+
+
+def as_token(value: str) -> str:
+    """A run id made from an id the cluster chose, identical on every node: characters outside
+    the token grammar become '_' (``alice~job`` -> ``alice_job``), a leading one gets an 'x'
+    before it, and an id over the token bound is cut and ends with a hash of the whole id."""
+    token = _NOT_TOKEN.sub("_", value)
+    if not token[:1].isalnum():
+        token = "x" + token
+    if len(token) > MAX_TOKEN_CHARS:
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        token = f"{token[:MAX_TOKEN_CHARS - 13]}-{digest}"
+    return token
