@@ -25,6 +25,7 @@ import itertools
 import re
 
 from clusterddp.errors import HostlistError
+from clusterddp.validate import shown
 
 #: Characters that separate hosts at the top level of a hostlist.
 SEPARATORS = ", \t\n"
@@ -39,15 +40,16 @@ _BOUND = re.compile(r"^[ \t\n]*[0-9]+$")
 _TASKS = re.compile(r"^([0-9]+)(?:\(x([0-9]+)\))?$")
 
 
-def expand_hostlist(text: str) -> list[str]:
+def expand_hostlist(text: str, limit: int = MAX_HOSTS) -> list[str]:
     """Every host of a SLURM hostlist, in SLURM's order, duplicates kept.
 
     ``expand_hostlist("n[1,5-7],login")`` -> ``["n1", "n5", "n6", "n7", "login"]``.
-    An empty or blank list gives ``[]``. Raises HostlistError naming the bad part.
+    An empty or blank list gives ``[]``. Raises HostlistError naming the bad part, or when the
+    list has more than ``limit`` hosts in all (checked before each token is expanded).
     """
     hosts: list[str] = []
     for token in _tokens(text):
-        hosts.extend(_expand_token(token, text))
+        hosts.extend(_expand_token(token, text, limit - len(hosts)))
     return hosts
 
 
@@ -57,11 +59,11 @@ def expand_tasks_per_node(text: str) -> list[int]:
     for part in text.strip().split(","):
         match = _TASKS.match(part.strip())
         if match is None:
-            raise HostlistError(f"invalid tasks-per-node list {text!r}: bad entry {part!r}",
+            raise HostlistError(f"invalid tasks-per-node list {shown(text)}: bad entry {shown(part)}",
                                 "expected entries like '2' or '2(x3)' separated by commas")
         count, repeat = int(match.group(1)), int(match.group(2) or 1)
         if repeat < 1:
-            raise HostlistError(f"invalid tasks-per-node list {text!r}: repeat count in {part!r} is 0")
+            raise HostlistError(f"invalid tasks-per-node list {shown(text)}: repeat count in {shown(part)} is 0")
         counts.extend([count] * repeat)
     return counts
 
@@ -75,11 +77,11 @@ def _tokens(text: str) -> list[str]:
         if char == "[":
             depth += 1
             if depth > 1:
-                raise HostlistError(f"invalid hostlist {text!r}: nested '['")
+                raise HostlistError(f"invalid hostlist {shown(text)}: nested '['")
         elif char == "]":
             depth -= 1
             if depth < 0:
-                raise HostlistError(f"invalid hostlist {text!r}: ']' without '['")
+                raise HostlistError(f"invalid hostlist {shown(text)}: ']' without '['")
         if depth == 0 and char in SEPARATORS:
             if current:
                 tokens.append("".join(current))
@@ -87,24 +89,25 @@ def _tokens(text: str) -> list[str]:
             continue
         current.append(char)
     if depth != 0:
-        raise HostlistError(f"invalid hostlist {text!r}: '[' without ']'")
+        raise HostlistError(f"invalid hostlist {shown(text)}: '[' without ']'")
     if current:
         tokens.append("".join(current))
     return tokens
 
 
-def _expand_token(token: str, text: str) -> list[str]:
+def _expand_token(token: str, text: str, limit: int = MAX_HOSTS) -> list[str]:
     """One token: literal text and bracket groups, expanded in SLURM's nesting order."""
     parts = re.split(r"\[([^\]]*)\]", token)
     literals = parts[0::2]  # text between groups: len(groups) + 1 pieces
     groups = [_parse_group(group, token, text) for group in parts[1::2]]
-    if not groups:
-        return [token]
     total = 1
     for values in groups:
         total *= len(values)
-    if total > MAX_HOSTS:
-        raise HostlistError(f"invalid hostlist {text!r}: {token!r} expands to {total} hosts (limit {MAX_HOSTS})")
+    if total > min(limit, MAX_HOSTS):
+        raise HostlistError(f"invalid hostlist {shown(text)}: {shown(token)} expands to {total} hosts, "
+                            f"more than the {max(limit, 0)} left of the limit")
+    if not groups:
+        return [token]
     # SLURM's order (it recurses from the right): the next-to-last group is the outermost
     # loop, then each group to its left, and the last group varies fastest.
     last = len(groups) - 1
@@ -126,14 +129,14 @@ def _parse_group(group: str, token: str, text: str) -> list[str]:
     for item in group.split(","):
         low_text, dash, high_text = item.partition("-")
         if not _BOUND.match(low_text) or (dash and not _BOUND.match(high_text)):
-            raise HostlistError(f"invalid hostlist {text!r}: bad range {item!r} in {token!r}",
+            raise HostlistError(f"invalid hostlist {shown(text)}: bad range {shown(item)} in {shown(token)}",
                                 "ranges look like 'n[1-4]', 'n[01,07-09]'")
         low = int(low_text)
         high = int(high_text) if dash else low
         if low > high:
-            raise HostlistError(f"invalid hostlist {text!r}: reversed range {item!r} in {token!r}")
+            raise HostlistError(f"invalid hostlist {shown(text)}: reversed range {shown(item)} in {shown(token)}")
         if high - low + 1 > MAX_RANGE:
-            raise HostlistError(f"invalid hostlist {text!r}: range {item!r} has more than {MAX_RANGE} hosts")
+            raise HostlistError(f"invalid hostlist {shown(text)}: range {shown(item)} has more than {MAX_RANGE} hosts")
         width = len(low_text)
         numbers.extend(f"{n:0{width}d}" for n in range(low, high + 1))
     return numbers

@@ -17,6 +17,11 @@ ORDER: tuple[str, ...] = (
     "clusterddp.envs.explicit:ExplicitEnv",
     # An outer launcher (torchrun, Kubeflow) already placed us; it may itself run under SLURM.
     "clusterddp.envs.torchrun:TorchrunEnv",
+    # Kubeflow pods torchrun's variables do not place: a v1 pod without PET_* (RANK and
+    # WORLD_SIZE without an agent's LOCAL_RANK/GROUP_RANK), placed one launcher per pod; an
+    # elastic pod (PET_RDZV_*, PET_NNODES=min:max), refused. Before the schedulers: a pod is in
+    # no allocation, and an elastic pod must never quietly train alone.
+    "clusterddp.envs.kubeflow:KubeflowEnv",
     # OpenPAI: its task-index variables exist only inside an OpenPAI task (a k8s pod, never under SLURM).
     "clusterddp.envs.openpai:OpenPAIEnv",
     # SLURM: per-node launcher inside srun, or the batch script (which relaunches with srun).

@@ -12,6 +12,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Mapping
 
+from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.validate import (MAX_COUNT, MAX_NODES, MAX_WORKERS_ENV, as_token, host_problem, id_problem, int_text_problem,
+                                 max_workers_per_node)
+
 if TYPE_CHECKING:
     from clusterddp.spec import JobSpec
 
@@ -88,28 +92,84 @@ class ClusterEnv(ABC):
         """
         return None
 
-    def int_var(self, name: str) -> int:
-        """An integer variable, or an error that names it and its value."""
-        from clusterddp.errors import EnvironmentDetectionError
+    def error(self, name: str, problem: str, hint: str | None = None) -> EnvironmentDetectionError:
+        """The one-line error for a bad variable: ``<env>: <NAME>: <problem>``."""
+        return EnvironmentDetectionError(f"{self.name}: {name}: {problem}", hint)
 
+    def raw_var(self, name: str) -> str | None:
+        """A variable's exact value; unset and empty (``export X=``) both mean not given.
+
+        Nothing is stripped: a value with blanks or a newline is wrong, and the validators
+        say so instead of quietly repairing it.
+        """
         raw = self.env.get(name)
-        if raw is None:
-            raise EnvironmentDetectionError(f"{self.name}: {name} is not set")
-        try:
-            return int(raw.strip())
-        except ValueError:
-            raise EnvironmentDetectionError(f"{self.name}: {name}={raw!r} is not an integer") from None
-
-    def first_int_var(self, *names: str) -> int | None:
-        """The first of ``names`` that is set, as an integer; None when none is set."""
-        for name in names:
-            if self.env.get(name, "").strip():
-                return self.int_var(name)
-        return None
+        return raw if raw else None
 
     def first_var(self, *names: str) -> str | None:
+        """The value of the first of ``names`` that is set, unchecked (for presence tests)."""
         for name in names:
-            value = self.env.get(name, "").strip()
-            if value:
-                return value
+            raw = self.raw_var(name)
+            if raw is not None:
+                return raw
         return None
+
+    def which(self, *names: str) -> str:
+        """The first of ``names`` that is set (for messages); the first name when none is."""
+        return next((name for name in names if self.raw_var(name) is not None), names[0])
+
+    def int_var(self, name: str, low: int = 0, high: int = MAX_NODES) -> int:
+        """A strict decimal integer in ``low..high``, or an error naming the variable."""
+        raw = self.raw_var(name)
+        if raw is None:
+            raise EnvironmentDetectionError(f"{self.name}: {name} is not set")
+        problem = int_text_problem(raw, low, high)
+        if problem is not None:
+            raise self.error(name, problem)
+        return int(raw)
+
+    def first_int_var(self, *names: str, low: int = 0, high: int = MAX_NODES) -> int | None:
+        """The first of ``names`` that is set, as a checked integer; None when none is set."""
+        for name in names:
+            if self.raw_var(name) is not None:
+                return self.int_var(name, low, high)
+        return None
+
+    def port_var(self, *names: str) -> int | None:
+        """The first of ``names`` that is set, as a port number 1-65535."""
+        return self.first_int_var(*names, low=1, high=65535)
+
+    def nodes_var(self, *names: str) -> int | None:
+        """A node count: 1 to ``MAX_NODES``."""
+        return self.first_int_var(*names, low=1, high=MAX_NODES)
+
+    def host_var(self, *names: str) -> str | None:
+        """The first of ``names`` that is set, checked as a host name or IP address."""
+        for name in names:
+            raw = self.raw_var(name)
+            if raw is not None:
+                problem = host_problem(raw)
+                if problem is not None:
+                    raise self.error(name, problem)
+                return raw
+        return None
+
+    def id_var(self, *names: str) -> str | None:
+        """An id the cluster chose (a job id, ``user~job``), made into a run-id token that
+        every node derives alike; a control character or an over-long id is an error."""
+        for name in names:
+            raw = self.raw_var(name)
+            if raw is not None:
+                problem = id_problem(raw)
+                if problem is not None:
+                    raise self.error(name, problem)
+                return as_token(raw)
+        return None
+
+    def workers_var(self, name: str) -> int | None:
+        """A scheduler's workers-per-node hint, within the same bound as ``nproc_per_node``."""
+        count = self.first_int_var(name, high=MAX_COUNT)
+        bound = max_workers_per_node(dict(self.env))
+        if count is not None and count > bound:
+            raise self.error(name, f"{count} workers on one node is over the bound of {bound}",
+                             f"set {MAX_WORKERS_ENV} to go past it")
+        return count

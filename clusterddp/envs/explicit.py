@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from clusterddp.envs.base import ClusterEnv, Placement
 from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.validate import MAX_NODES
 
 
 class ExplicitEnv(ClusterEnv):
@@ -20,8 +21,8 @@ class ExplicitEnv(ClusterEnv):
     def placement(self) -> Placement:
         nnodes = self.overrides.nnodes or 1
         node_rank = self.overrides.node_rank or 0
-        if nnodes < 1:
-            raise EnvironmentDetectionError(f"--nnodes must be >= 1, got {nnodes}")
+        if not 1 <= nnodes <= MAX_NODES:
+            raise EnvironmentDetectionError(f"--nnodes: expected 1 to {MAX_NODES} nodes, got {nnodes}")
         if not 0 <= node_rank < nnodes:
             raise EnvironmentDetectionError(
                 f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from clusterddp.envs.base import ClusterEnv, Placement
 from clusterddp.errors import EnvironmentDetectionError
 from clusterddp.sections.openpai import RESERVED_PORT_LABELS, OpenPAISpec
+from clusterddp.validate import (ENV_NAME, MAX_COUNT, MAX_NODES, MAX_WORKERS_ENV, max_workers_per_node,
+                                 env_name_problem, int_text_problem, line_problem, shown)
 
 if TYPE_CHECKING:
     from clusterddp.spec import JobSpec
@@ -67,18 +69,18 @@ class OpenPAIEnv(ClusterEnv):
 
     def placement(self) -> Placement:
         spec = self._job_section()
-        role = self.first_var(ROLE_NAME) or spec.task_role
-        node_rank = self.first_int_var(*TASK_INDEX)
+        role = self._name_var(ROLE_NAME) or spec.task_role
+        node_rank = self.first_int_var(*TASK_INDEX, high=MAX_NODES - 1)
         assert node_rank is not None  # detected() guarantees it
-        nnodes = self._nnodes(role)
-        if not 0 <= node_rank < nnodes:
+        nnodes, counted = self._nnodes(role)
+        if node_rank >= nnodes:
             raise EnvironmentDetectionError(
                 f"openpai: task index {node_rank} is outside 0..{nnodes - 1} "
                 f"({nnodes} instances of task role {role!r})")
         hosts = self._hosts(role, nnodes)
         master = hosts[0] if hosts else self._master_addr(role, nnodes)
         port = self._port(role, spec.port_label)
-        notes = [f"master is task 0 of task role {role!r}"]
+        notes = [f"master is task 0 of task role {role!r}", *counted]
         if port is not None:
             notes.append(f"master port from {port.variable} (label {port.label!r})")
         else:
@@ -97,20 +99,38 @@ class OpenPAIEnv(ClusterEnv):
         job = self._job()
         return job.openpai if job is not None else _DEFAULTS
 
-    def _nnodes(self, role: str) -> int:
-        """Instances of the role: the runtime's count, else the job file's ``nodes``."""
+    def _nnodes(self, role: str) -> tuple[int, tuple[str, ...]]:
+        """Instances of the role: the runtime's count, else the job file's ``nodes``, else the
+        number of task IPs the runtime exported (with a note saying so)."""
         variable = TASK_COUNT.format(role=role)
-        if self.first_var(variable) is not None:
-            count = self.int_var(variable)
-        else:
-            job = self._job()
-            if job is None:
-                raise EnvironmentDetectionError(
-                    f"openpai: {variable} is not set and there is no job file to take 'nodes' from",
-                    "run 'clusterddp run JOB' with a job file, or export the variable")
-            count = job.nodes
-        if count < 1:
-            raise EnvironmentDetectionError(f"openpai: {variable}={count} must be >= 1")
+        if self.raw_var(variable) is not None:
+            return self.int_var(variable, low=1, high=MAX_NODES), ()
+        job = self._job()
+        if job is not None:
+            return job.nodes, ()
+        count = self._count_host_ips(role)
+        if count == 0:
+            raise EnvironmentDetectionError(
+                f"openpai: {variable} is not set, there is no job file to take 'nodes' from, and no "
+                f"{HOST_IP.format(r=convert_name(role), index=0)} to count the tasks by",
+                "run 'clusterddp run JOB' with a job file, or export the variable")
+        first, last = (HOST_IP.format(r=convert_name(role), index=i) for i in (0, count - 1))
+        return count, (f"{count} node(s) counted from the task IPs {first}..{last}: {variable} is not "
+                       "set and there is no job file; without gang allocation some IPs may be missing",)
+
+    def _count_host_ips(self, role: str) -> int:
+        """How many task IPs ``PAI_HOST_IP_<r>_0..N-1`` are set, contiguous from 0; a gap (an IP
+        set past a missing one) is an error, as the count would be wrong."""
+        count = 0
+        while count < MAX_NODES and self._host_ip(role, count) is not None:
+            count += 1
+        prefixes = tuple(f"PAI_HOST_IP_{r}_" for r in _spellings(role))
+        for name in self.env:
+            index = name[len(next((p for p in prefixes if name.startswith(p)), name)):]
+            if name.startswith(prefixes) and index.isascii() and index.isdigit() and int(index) > count:
+                raise self.error(name, f"is set but task {count}'s IP is not: the task IPs are not "
+                                       f"contiguous, so the number of tasks is unknown",
+                                 f"export {TASK_COUNT.format(role=role)} or run with a job file")
         return count
 
     def _hosts(self, role: str, nnodes: int) -> tuple[str, ...]:
@@ -120,7 +140,14 @@ class OpenPAIEnv(ClusterEnv):
 
     def _host_ip(self, role: str, index: int) -> str | None:
         names = [HOST_IP.format(r=r, index=index) for r in _spellings(role)]
-        return self.first_var(*names)
+        return self.host_var(*names)
+
+    def _name_var(self, name: str) -> str | None:
+        """A role name or port label from a variable: OpenPAI's grammar ``[A-Za-z_][A-Za-z0-9_]*``."""
+        raw = self.raw_var(name)
+        if raw is not None and env_name_problem(raw) is not None:
+            raise self.error(name, f"expected a name of letters, digits and '_', got {shown(raw)}")
+        return raw
 
     def _master_addr(self, role: str, nnodes: int) -> str:
         addr = self._host_ip(role, 0)
@@ -139,7 +166,7 @@ class OpenPAIEnv(ClusterEnv):
         Label: CLUSTERDDP_OPENPAI_PORT_LABEL if set (must exist), else the job's label if the
         role has it, else the only label besides OpenPAI's own 'ssh' and 'http'.
         """
-        forced = self.first_var(PORT_LABEL_OVERRIDE)
+        forced = self._name_var(PORT_LABEL_OVERRIDE)
         if forced is not None:
             port = self._port_of(role, forced)
             if port is None:
@@ -162,9 +189,9 @@ class OpenPAIEnv(ClusterEnv):
         for r in _spellings(role):
             for pattern in PORT_VARS:
                 variable = pattern.format(r=r, index=0, label=label)
-                raw = self.first_var(variable)
+                raw = self.raw_var(variable)
                 if raw is not None:
-                    return _Port(label, variable, _first_port(variable, raw))
+                    return _Port(label, variable, self._first_port(variable, raw))
         return None
 
     def _labels(self, role: str) -> list[str]:
@@ -178,7 +205,7 @@ class OpenPAIEnv(ClusterEnv):
                     found.add(name[len(prefix):-len(suffix)])
                 elif name.startswith(listed) and len(name) > len(listed):
                     found.add(name[len(listed):])
-        return sorted(found)
+        return sorted(label for label in found if ENV_NAME.fullmatch(label))
 
     def _nproc(self, role: str) -> int | None:
         """Workers per node the scheduler sized the task for: its GPUs, or its CPU slots.
@@ -188,27 +215,34 @@ class OpenPAIEnv(ClusterEnv):
         core of the host. A job's own ``nproc_per_node`` number still wins.
         """
         variable = RESOURCE.format(role=role)
-        raw = self.first_var(variable)
+        raw = self.raw_var(variable)
         if raw is None:
             return None
-        fields = [f.strip() for f in raw.split(",")]
-        try:
-            gpu, cpu = int(fields[0]), int(fields[1])
-        except (ValueError, IndexError):
-            raise EnvironmentDetectionError(
-                f"openpai: {variable}={raw!r} is not '<gpu>,<cpu>,<memoryMB>,<shmMB>'") from None
-        if gpu > 0:
-            return gpu
-        return cpu if cpu > 0 else None
+        fields = raw.split(",")
+        if len(fields) < 2 or any(int_text_problem(f, 0, MAX_COUNT) for f in fields[:2]):
+            raise self.error(variable, f"expected '<gpu>,<cpu>,<memoryMB>,<shmMB>', got {shown(raw)}")
+        gpu, cpu = int(fields[0]), int(fields[1])
+        bound = max_workers_per_node(dict(self.env))
+        if gpu > bound:  # CPU slots are a hint the job's own number overrides; GPUs are workers
+            raise self.error(variable, f"{gpu} GPUs, one worker each, is over the bound of {bound} "
+                                       "workers on one node", f"set {MAX_WORKERS_ENV} to go past it")
+        return gpu or cpu or None
 
     def _run_id(self) -> str | None:
         if self.overrides.run_id:
             return self.overrides.run_id
-        framework = self.first_var(*RUN_ID)
+        framework = self.id_var(*RUN_ID)
         if framework is None:
             return None
-        attempt = self.first_var(ATTEMPT)
+        attempt = self.first_int_var(ATTEMPT, high=MAX_COUNT)
         return f"{framework}-attempt{attempt}" if attempt is not None else framework
+
+    def _first_port(self, variable: str, raw: str) -> int:
+        """The first port of a comma-separated list, strictly 1-65535."""
+        first = raw.split(",")[0]
+        if line_problem(raw) or int_text_problem(first, 1, 65535):
+            raise self.error(variable, f"does not start with a port number (1-65535): {shown(raw)}")
+        return int(first)
 
 
 def _spellings(role: str) -> tuple[str, ...]:
@@ -216,9 +250,3 @@ def _spellings(role: str) -> tuple[str, ...]:
     converted = convert_name(role)
     return (converted,) if converted == role else (converted, role)
 
-
-def _first_port(variable: str, raw: str) -> int:
-    first = raw.split(",")[0].strip()
-    if first.isdigit() and 1 <= int(first) <= 65535:
-        return int(first)
-    raise EnvironmentDetectionError(f"openpai: {variable}={raw!r} does not start with a port number")

@@ -22,11 +22,14 @@ first; ``SLURM_NTASKS_PER_NODE`` is only the ``--ntasks-per-node`` request, neve
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sys
 
 from clusterddp.envs.base import ClusterEnv, Placement
 from clusterddp.errors import EnvironmentDetectionError, HostlistError
-from clusterddp.hostlist import expand_hostlist, expand_tasks_per_node
+from clusterddp.hostlist import expand_hostlist
+from clusterddp.validate import MAX_COUNT, MAX_NODES, MAX_VALUE_CHARS, host_problem, line_problem, shown
 
 #: Variable names, most specific first. Step variables describe the srun step we run in;
 #: job variables describe the allocation (the batch script's scope).
@@ -46,6 +49,9 @@ CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"
 RESTART_COUNT = "SLURM_RESTART_COUNT"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+#: One entry of a tasks-per-node layout (``2``, ``2(x3)``), numbers bounded so that a hostile
+#: ``1(x99999999999)`` is refused instead of expanded.
+_LAYOUT_ENTRY = re.compile(r"([0-9]{1,6})(?:\(x([0-9]{1,6})\))?")
 
 
 class SlurmEnv(ClusterEnv):
@@ -60,22 +66,25 @@ class SlurmEnv(ClusterEnv):
     @property
     def in_step(self) -> bool:
         """True inside an srun step; False in the batch script or an salloc shell."""
-        return self.env.get(STEP_ID, "").strip() != ""
+        return self.raw_var(STEP_ID) is not None
 
     def placement(self) -> Placement:
         if not self.in_step:
             return self._batch_placement()
         hosts = self._hosts(STEP_NODELIST)
-        nnodes = self.first_int_var(*STEP_NUM_NODES) or len(hosts)
+        nnodes = self.nodes_var(*STEP_NUM_NODES) or len(hosts)
         if hosts and len(hosts) != nnodes:
             raise EnvironmentDetectionError(
-                f"slurm: {self._which(STEP_NODELIST)} lists {len(hosts)} hosts but the step has {nnodes} nodes")
-        node_rank = self.int_var(NODE_ID)
-        if not 0 <= node_rank < nnodes:
-            raise EnvironmentDetectionError(f"slurm: {NODE_ID}={node_rank} is outside 0..{nnodes - 1}")
+                f"slurm: {self.which(*STEP_NODELIST)} lists {len(hosts)} hosts but the step has {nnodes} nodes")
+        if nnodes < 1:
+            raise EnvironmentDetectionError(
+                f"slurm: cannot tell how many nodes the step has: set {STEP_NUM_NODES[0]} or {STEP_NODELIST[0]}")
+        node_rank = self.int_var(NODE_ID, high=MAX_NODES - 1)
+        if node_rank >= nnodes:
+            raise self.error(NODE_ID, f"{node_rank} is outside 0..{nnodes - 1}")
         self._refuse_per_task(nnodes)
         return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank,
-                         master_addr=self._master(hosts), master_port=self.first_int_var(MASTER_PORT),
+                         master_addr=self._master(hosts), master_port=self.port_var(MASTER_PORT),
                          nproc_per_node=self._gpus(), hosts=tuple(hosts), run_id=self._run_id(),
                          notes=self._restart_note())
 
@@ -91,9 +100,15 @@ class SlurmEnv(ClusterEnv):
         if self.in_step:
             return None
         nnodes = self._job_nnodes()
+        if shutil.which("srun", path=self.env.get("PATH", os.defpath)) is None:
+            raise EnvironmentDetectionError(
+                f"slurm: {self.which(*JOB_ID)} is set outside an srun step (a batch script or salloc shell), "
+                "so 'clusterddp run' relaunches itself with srun on every node, but srun is not on PATH",
+                "add SLURM's bin directory to PATH in the job script, or run 'srun --ntasks-per-node=1 "
+                "clusterddp run JOB' yourself")
         command = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
                    "--kill-on-bad-exit=1"]
-        cpus = self.first_int_var(CPUS_PER_TASK)
+        cpus = self.first_int_var(CPUS_PER_TASK, high=MAX_COUNT)
         if cpus:
             command.append(f"--cpus-per-task={cpus}")
         return [*command, *_executable(argv)]
@@ -105,11 +120,11 @@ class SlurmEnv(ClusterEnv):
         note = (f"batch script (no {STEP_ID}): 'clusterddp run' relaunches itself with "
                 f"'srun --ntasks-per-node=1' on all {nnodes} node(s) of the allocation")
         return Placement(env=self.name, nnodes=nnodes, node_rank=0, master_addr=self._master(hosts),
-                         master_port=self.first_int_var(MASTER_PORT), nproc_per_node=self._gpus(),
+                         master_port=self.port_var(MASTER_PORT), nproc_per_node=self._gpus(),
                          hosts=tuple(hosts), run_id=self._run_id(), notes=(note, *self._restart_note()))
 
     def _job_nnodes(self) -> int:
-        nnodes = self.first_int_var(*JOB_NUM_NODES)
+        nnodes = self.nodes_var(*JOB_NUM_NODES)
         if nnodes is None:
             nnodes = len(self._hosts(JOB_NODELIST))
         if nnodes < 1:
@@ -119,18 +134,14 @@ class SlurmEnv(ClusterEnv):
 
     def _refuse_per_task(self, nnodes: int) -> None:
         """Several tasks on a node: each task is a worker already (per-task mode)."""
-        layout = self.env.get(STEP_TASKS_PER_NODE, "").strip()
-        if layout:
-            try:
-                per_node = expand_tasks_per_node(layout)
-            except HostlistError as exc:
-                raise EnvironmentDetectionError(f"slurm: {STEP_TASKS_PER_NODE}: {exc}") from None
-            busiest = max(per_node, default=1)
-            where = f"{STEP_TASKS_PER_NODE}={layout}"
+        layout = self.raw_var(STEP_TASKS_PER_NODE)
+        if layout is not None:
+            busiest = self._busiest(layout)
+            where = f"{STEP_TASKS_PER_NODE}={layout if len(layout) <= 80 else shown(layout)}"
         else:
-            tasks = self.first_int_var(*STEP_NUM_TASKS) or nnodes
+            tasks = self.first_int_var(*STEP_NUM_TASKS, high=MAX_NODES * MAX_COUNT) or nnodes
             busiest = 2 if tasks > nnodes else 1
-            where = f"{self._which(STEP_NUM_TASKS)}={tasks} for {nnodes} node(s)"
+            where = f"{self.which(*STEP_NUM_TASKS)}={tasks} for {nnodes} node(s)"
         if busiest > 1:
             raise EnvironmentDetectionError(
                 f"slurm: this srun step runs several tasks per node ({where}): that is per-task mode, "
@@ -139,36 +150,50 @@ class SlurmEnv(ClusterEnv):
                 "'clusterddp render slurm' writes it), or start the training script itself with srun "
                 "and call clusterddp.train.init_distributed(), which reads SLURM_PROCID")
 
+    def _busiest(self, layout: str) -> int:
+        """The most tasks on one node of a ``2(x3),1`` layout, without expanding it."""
+        entries = [_LAYOUT_ENTRY.fullmatch(part) for part in layout.split(",")]
+        if len(layout) > MAX_VALUE_CHARS or not all(entries):
+            raise self.error(STEP_TASKS_PER_NODE, f"invalid tasks-per-node list {shown(layout)}",
+                             "expected entries like '2' or '2(x3)' separated by commas")
+        if any(m is not None and m.group(2) is not None and int(m.group(2)) < 1 for m in entries):
+            raise self.error(STEP_TASKS_PER_NODE, f"a repeat count is 0 in {shown(layout)}")
+        return max(int(m.group(1)) for m in entries if m is not None)
+
     def _hosts(self, names: tuple[str, ...]) -> list[str]:
-        raw = self.first_var(*names)
+        """The nodelist, expanded; bounded text and at most ``MAX_NODES`` hosts, each a host name."""
+        name = self.which(*names)
+        raw = self.raw_var(name)
         if raw is None:
             return []
+        problem = line_problem(raw)
+        if problem is not None:
+            raise self.error(name, f"{problem}: {shown(raw)}")
         try:
-            return expand_hostlist(raw)
+            hosts = expand_hostlist(raw, limit=MAX_NODES)
         except HostlistError as exc:
-            raise EnvironmentDetectionError(f"slurm: {self._which(names)}: {exc}") from None
+            raise self.error(name, str(exc)) from None
+        bad = next((host for host in hosts if host_problem(host)), None)
+        if bad is not None:
+            raise self.error(name, f"host {shown(bad)} in {shown(raw)} is not a host name")
+        return hosts
 
     def _master(self, hosts: list[str]) -> str | None:
-        return self.first_var(MASTER_ADDR) or (hosts[0] if hosts else None)
+        return self.host_var(MASTER_ADDR) or (hosts[0] if hosts else None)
 
     def _run_id(self) -> str | None:
         """The job id; an array element's own id is ``ARRAYID_TASKID`` so its port differs."""
-        array_id, task_id = self.first_var(ARRAY_JOB_ID), self.first_var(ARRAY_TASK_ID)
+        array_id, task_id = self.id_var(ARRAY_JOB_ID), self.id_var(ARRAY_TASK_ID)
         if array_id and task_id:
             return f"{array_id}_{task_id}"
-        return self.first_var(*JOB_ID)
+        return self.id_var(*JOB_ID)
 
     def _gpus(self) -> int | None:
-        gpus = self.first_int_var(GPUS_ON_NODE)
-        return gpus if gpus else None
+        return self.workers_var(GPUS_ON_NODE) or None
 
     def _restart_note(self) -> tuple[str, ...]:
-        count = self.first_int_var(RESTART_COUNT)
+        count = self.first_int_var(RESTART_COUNT, high=MAX_COUNT)
         return (f"requeued job: {RESTART_COUNT}={count}",) if count else ()
-
-    def _which(self, names: tuple[str, ...]) -> str:
-        """The first of ``names`` that is set (for messages)."""
-        return next((n for n in names if self.env.get(n, "").strip()), names[0])
 
 
 def _executable(argv: list[str]) -> list[str]:

@@ -4,18 +4,25 @@ Covers a clusterddp run started by torchrun's agent environment, Kubeflow PyTorc
 (``PET_*``), and any wrapper that exports GROUP_RANK/NODE_RANK + MASTER_ADDR. It comes
 before the schedulers: such a wrapper can itself run inside a SLURM allocation, and its
 choice of master is the one the other nodes use.
+
+An environment that asks for an elastic rendezvous (``PET_RDZV_*``, ``PET_NNODES=1:4``) is not
+placed here unless an agent already placed it (``GROUP_RANK``): ``KubeflowEnv`` refuses it.
 """
 
 from __future__ import annotations
 
 from clusterddp.envs.base import ClusterEnv, Placement
+from clusterddp.envs.kubeflow import PET_NNODES, elastic_variables, pet_nnodes
 from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.validate import MAX_COUNT, MAX_NODES
 
 NODE_RANK = ("GROUP_RANK", "NODE_RANK", "PET_NODE_RANK")
-NNODES = ("GROUP_WORLD_SIZE", "NNODES", "PET_NNODES")
+NNODES = ("GROUP_WORLD_SIZE", "NNODES", PET_NNODES)
 MASTER_ADDR = ("MASTER_ADDR", "PET_MASTER_ADDR")
 MASTER_PORT = ("MASTER_PORT", "PET_MASTER_PORT")
 NPROC = ("LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE")
+#: torchrun's nproc words: the job file decides how many workers then.
+NPROC_WORDS = ("auto", "gpu", "cpu")
 RUN_ID = ("TORCHELASTIC_RUN_ID", "PET_RDZV_ID")
 
 
@@ -24,30 +31,41 @@ class TorchrunEnv(ClusterEnv):
     looks_for = "MASTER_ADDR with GROUP_RANK or NODE_RANK (or PET_MASTER_ADDR, PET_NODE_RANK)"
 
     def detected(self) -> bool:
-        return self.first_var(*MASTER_ADDR) is not None and self.first_var(*NODE_RANK) is not None
+        if self.first_var(*MASTER_ADDR) is None or self.first_var(*NODE_RANK) is None:
+            return False
+        # An agent's GROUP_RANK is a placement already made; without it, rendezvous variables
+        # mean the ranks are not fixed yet (KubeflowEnv refuses that in one line).
+        return self.raw_var("GROUP_RANK") is not None or not elastic_variables(self.env)
 
     def placement(self) -> Placement:
-        node_rank = self.first_int_var(*NODE_RANK)
+        node_rank = self.first_int_var(*NODE_RANK, high=MAX_NODES - 1)
         assert node_rank is not None  # detected() guarantees it
-        nnodes = self.first_int_var(*NNODES)
         nproc = self._nproc()
-        if nnodes is None:
-            world = self.first_int_var("WORLD_SIZE")
-            if world is None or not nproc:
-                raise EnvironmentDetectionError(
-                    "torchrun: node rank is set but not the number of nodes: set GROUP_WORLD_SIZE "
-                    "(or NNODES / PET_NNODES), or WORLD_SIZE with LOCAL_WORLD_SIZE")
-            nnodes = world // nproc
-        if not 0 <= node_rank < nnodes:
-            raise EnvironmentDetectionError(f"torchrun: node rank {node_rank} is outside 0..{nnodes - 1}")
+        nnodes = self._nnodes(nproc)
+        if node_rank >= nnodes:
+            raise self.error(self.which(*NODE_RANK), f"node rank {node_rank} is outside 0..{nnodes - 1}")
         return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank,
-                         master_addr=self.first_var(*MASTER_ADDR),
-                         master_port=self.first_int_var(*MASTER_PORT),
-                         nproc_per_node=nproc, run_id=self.first_var(*RUN_ID))
+                         master_addr=self.host_var(*MASTER_ADDR), master_port=self.port_var(*MASTER_PORT),
+                         nproc_per_node=nproc, run_id=self.id_var(*RUN_ID))
+
+    def _nnodes(self, nproc: int | None) -> int:
+        """GROUP_WORLD_SIZE (or NNODES, PET_NNODES), else WORLD_SIZE / LOCAL_WORLD_SIZE."""
+        name = self.which(*NNODES)
+        if self.raw_var(name) is not None:
+            return pet_nnodes(self, name) if name == PET_NNODES else self.int_var(name, low=1)
+        world = self.first_int_var("WORLD_SIZE", low=1, high=MAX_NODES * MAX_COUNT)
+        if world is None or not nproc:
+            raise EnvironmentDetectionError(
+                "torchrun: node rank is set but not the number of nodes: set GROUP_WORLD_SIZE "
+                "(or NNODES / PET_NNODES), or WORLD_SIZE with LOCAL_WORLD_SIZE")
+        if world % nproc or world // nproc > MAX_NODES:
+            raise self.error("WORLD_SIZE", f"{world} workers are not whole nodes of {nproc} "
+                                           f"(LOCAL_WORLD_SIZE) within {MAX_NODES} nodes")
+        return world // nproc
 
     def _nproc(self) -> int | None:
-        for name in NPROC:
-            raw = self.env.get(name, "").strip()
-            if raw.isdigit():  # PET_NPROC_PER_NODE may say 'auto' or 'gpu': then the job decides
-                return int(raw)
-        return None
+        name = self.which(*NPROC)
+        raw = self.raw_var(name)
+        if raw in NPROC_WORDS:  # PET_NPROC_PER_NODE may say 'auto' or 'gpu': then the job decides
+            return None
+        return self.workers_var(name) or None

@@ -49,7 +49,7 @@ def test_full_runtime_environment_gives_task_zero_as_master() -> None:
         assert (got.env, got.nnodes, got.node_rank) == ("openpai", 3, index)
         assert (got.master_addr, got.master_port) == (IPS[0], task0_port)
         assert got.hosts == IPS
-        assert got.run_id == "alice~ddp-attempt0"
+        assert got.run_id == "alice_ddp-attempt0"  # 'alice~ddp' made a token: a directory under logs/
 
 
 def test_role_with_underscore_and_capital_label_with_three_ports() -> None:
@@ -127,9 +127,36 @@ def test_seed_variables_alone_with_the_job_nodes() -> None:
 
 
 def test_seed_variables_without_a_job_say_what_is_missing() -> None:
-    """Without PAI_TASK_ROLE_TASK_COUNT_<role> or a job file the error names the variable."""
+    """Without PAI_TASK_ROLE_TASK_COUNT_<role>, a job file or any task IP the error names the variable."""
     with pytest.raises(EnvironmentDetectionError, match="PAI_TASK_ROLE_TASK_COUNT_worker"):
-        placement({"PAI_TASK_INDEX": "0", "PAI_HOST_IP_worker_0": "10.0.0.1", "PAI_worker_0_SynPort_PORT": "2000"})
+        placement({"PAI_TASK_INDEX": "0", "PAI_worker_0_SynPort_PORT": "2000"})
+
+
+def test_seed_variables_without_a_job_count_the_task_ips() -> None:
+    """The seed's variables and every task's IP, no job file: the count comes from the IPs, with a note."""
+    role = TaskRole("worker", 3, IPS)
+    for index in range(3):
+        full = env_for(role, index)
+        seed = {name: full[name] for name in SEED_VARIABLES}
+        seed.update({f"PAI_HOST_IP_worker_{i}": ip for i, ip in enumerate(IPS)})
+        got = placement(seed)
+        assert (got.nnodes, got.node_rank, got.master_addr, got.hosts) == (3, index, IPS[0], IPS)
+        assert any("counted from the task IPs PAI_HOST_IP_worker_0..PAI_HOST_IP_worker_2" in n for n in got.notes)
+
+
+def test_task_ips_with_a_gap_do_not_give_a_count() -> None:
+    """IPs of tasks 0 and 2 without task 1: the count is unknown, and the error names the stray variable."""
+    env = {"PAI_TASK_INDEX": "0", "PAI_HOST_IP_worker_0": IPS[0], "PAI_HOST_IP_worker_2": IPS[2]}
+    with pytest.raises(EnvironmentDetectionError, match=r"PAI_HOST_IP_worker_2: .*not contiguous"):
+        placement(env)
+
+
+def test_runtime_count_and_job_file_win_over_the_task_ips() -> None:
+    """PAI_TASK_ROLE_TASK_COUNT_<role>, then the job's nodes, come before counting IPs (no note then)."""
+    env = {"PAI_TASK_INDEX": "0", **{f"PAI_HOST_IP_worker_{i}": ip for i, ip in enumerate(IPS)}}
+    assert placement({**env, "PAI_TASK_ROLE_TASK_COUNT_worker": "2"}).nnodes == 2
+    got = placement(env, JobOverrides(job=JobSpec(name="j", script="t.py", nodes=2)))
+    assert got.nnodes == 2 and not any("counted" in note for note in got.notes)
 
 
 def test_non_gang_allocation_is_a_clear_error() -> None:
@@ -171,12 +198,12 @@ def test_nproc_hint_is_gpus_else_cpu_slots(resource: str, nproc: int | None) -> 
 
 
 @pytest.mark.parametrize("name, value, message", [
-    ("PAI_RESOURCE_worker", "lots", "is not '<gpu>,<cpu>"),
+    ("PAI_RESOURCE_worker", "lots", "PAI_RESOURCE_worker: expected '<gpu>,<cpu>"),
     ("PAI_worker_0_SynPort_PORT", "http,22", "does not start with a port number"),
     ("PAI_worker_0_SynPort_PORT", "70000", "does not start with a port number"),
-    ("PAI_TASK_ROLE_TASK_COUNT_worker", "two", "is not an integer"),
+    ("PAI_TASK_ROLE_TASK_COUNT_worker", "two", "PAI_TASK_ROLE_TASK_COUNT_worker: expected an integer"),
     ("PAI_TASK_ROLE_TASK_COUNT_worker", "1", r"task index 1 is outside 0\.\.0"),
-    ("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "x", "is not an integer"),
+    ("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "x", "_INDEX: expected an integer"),
 ])
 def test_bad_values_name_the_variable(name: str, value: str, message: str) -> None:
     """A malformed variable gives an error naming it and its value, not a traceback."""
@@ -187,9 +214,9 @@ def test_bad_values_name_the_variable(name: str, value: str, message: str) -> No
 
 
 def test_run_id_is_the_job_id_and_attempt_and_cli_wins() -> None:
-    """run id = <user>~<job>-attempt<N> (a job retry gets fresh logs); --run-id overrides it."""
+    """run id = <user>_<job>-attempt<N> (a job retry gets fresh logs); --run-id overrides it."""
     env = env_for(TaskRole("worker", 2, IPS[:2]), 0, attempt=3)
-    assert placement(env).run_id == "alice~ddp-attempt3"
+    assert placement(env).run_id == "alice_ddp-attempt3"
     assert placement(env, Overrides(run_id="mine")).run_id == "mine"
 
 

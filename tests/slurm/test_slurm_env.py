@@ -113,9 +113,9 @@ def test_job_level_layout_does_not_mean_per_task() -> None:
 
 BROKEN = [
     ("bad nodelist", env_with(PER_NODE, SLURM_STEP_NODELIST="n[2-1]"), "SLURM_STEP_NODELIST"),
-    ("node id outside", env_with(PER_NODE, SLURM_NODEID="2"), "SLURM_NODEID=2"),
+    ("node id outside", env_with(PER_NODE, SLURM_NODEID="2"), "SLURM_NODEID: 2 is outside 0..1"),
     ("node id missing", env_with(PER_NODE, SLURM_NODEID=None), "SLURM_NODEID is not set"),
-    ("node id not a number", env_with(PER_NODE, SLURM_NODEID="one"), "SLURM_NODEID='one'"),
+    ("node id not a number", env_with(PER_NODE, SLURM_NODEID="one"), "SLURM_NODEID: expected an integer"),
     ("list and count disagree", env_with(PER_NODE, SLURM_STEP_NUM_NODES="3"), "lists 2 hosts"),
     ("bad layout", env_with(PER_NODE, SLURM_STEP_TASKS_PER_NODE="1(x)"), "SLURM_STEP_TASKS_PER_NODE"),
 ]
