@@ -30,7 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(argv)
     except ClusterDDPError as exc:
-        print(f"clusterddp: error: {exc}", file=sys.stderr)
+        from clusterddp.redact import scrub  # every secret read so far is masked in the one line
+
+        print(f"clusterddp: error: {scrub(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("clusterddp: interrupted", file=sys.stderr)

@@ -212,3 +212,27 @@ def as_token(value: str) -> str:
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         token = f"{token[:MAX_TOKEN_CHARS - 13]}-{digest}"
     return token
+
+#: A bearer token or other secret read from a file or a variable: at most this many characters.
+MAX_SECRET_CHARS = 16 << 10
+
+
+def one_line_problem(value: str, limit: int = MAX_VALUE_CHARS) -> str | None:
+    """A shell line by design (``slurm.setup``): exactly one line, so tabs are fine but no line
+    break of any kind (LF, CR, VT, FF, NEL, U+2028/9) nor any other control character."""
+    return line_problem(value.replace("\t", " "), limit)
+
+
+def secret_problem(value: str, limit: int = MAX_SECRET_CHARS) -> str | None:
+    """A token: one line of visible ASCII, bounded. The problem never quotes the value."""
+    if not value:
+        return "is empty"
+    if len(value) > limit:
+        return f"is {len(value)} characters long (at most {limit})"
+    for index, char in enumerate(value):
+        if char in "\r\n\v\f\x85\u2028\u2029":
+            return f"has a line break at character {index}: a token is one line"
+        if not ("\x21" <= char <= "\x7e"):
+            return f"has a character that is not visible ASCII at character {index} (a blank, a control character)"
+    return None
+

@@ -11,6 +11,7 @@ from typing import Mapping
 from clusterddp.envs import Overrides, detect
 from clusterddp.launch import plan as planning
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
+from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology, check_port_free, resolve
 
@@ -44,7 +45,12 @@ def supervisor_options(job: JobSpec, args: argparse.Namespace, run_dir: str | No
 
 
 def run_local(job: JobSpec, overrides: Overrides, args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Start and supervise this node's workers; return the launcher's exit code."""
+    """Start and supervise this node's workers; return the launcher's exit code.
+
+    Workers inherit the launcher's environment, so ``env_passthrough`` needs no copying here;
+    a listed variable that is unset is an error before anything is planned or started.
+    """
+    passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env)
     topology, relaunch = resolve_here(job, overrides, env)
     cwd = os.getcwd()
     plans = planning.worker_plans(job, topology, env, cwd)

@@ -13,10 +13,11 @@ import json
 import os
 import sys
 import urllib.parse
-from pathlib import Path
 from typing import Any, Mapping
 
 from clusterddp.errors import SubmitError
+from clusterddp.redact import scrub
+from clusterddp.schedulers import OneLineParser, write_output
 from clusterddp.schedulers.openpai_render import render_openpai
 from clusterddp.schedulers.openpai_rest import (
     TOKEN_ENV,
@@ -35,7 +36,7 @@ __all__ = ["main", "render_openpai", "build_parser"]
 
 
 def build_parser(action: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"clusterddp {action} openpai", description={
+    parser = OneLineParser(prog=f"clusterddp {action} openpai", description={
         "render": "Render the job file as an OpenPAI protocol-v2 job.",
         "submit": "Render the job file and submit it to OpenPAI's REST server.",
         "status": "Show an OpenPAI job's state.",
@@ -66,9 +67,13 @@ def main(action: str, argv: list[str], env: Mapping[str, str] | None = None) -> 
     env = os.environ if env is None else env
     args = build_parser(action).parse_args(argv)
     if action in ("render", "submit"):
-        spec = render_openpai(load_job(args.job), args.job, name=args.name)
+        job = load_job(args.job)
+        spec = render_openpai(job, args.job, name=args.name)
         if action == "render":
             return _render(spec, args.output)
+        if job.env_passthrough:
+            print(f"clusterddp: warning: env_passthrough ({', '.join(job.env_passthrough)}) is not sent to OpenPAI: "
+                  "the container must provide these variables itself", file=sys.stderr)
         return _submit(spec, args, env)
     client = _client(args, env)
     if action == "status":
@@ -82,7 +87,7 @@ def _render(spec: str, output: str | None) -> int:
     if output is None:
         sys.stdout.write(spec)
         return 0
-    Path(output).write_text(spec, encoding="utf-8")
+    write_output(output, spec)
     print(f"wrote {output}; submit it in the web portal, or with 'clusterddp submit openpai'", file=sys.stderr)
     return 0
 
@@ -93,7 +98,7 @@ def _submit(spec: str, args: argparse.Namespace, env: Mapping[str, str]) -> int:
         endpoint = base_url(url) + "/api/v2/jobs" if url else "<url>/rest-server/api/v2/jobs"
         print(f"# dry run: would POST this to {endpoint} as text/yaml, "
               f"with Authorization: Bearer <token from {'--token-file' if args.token_file else TOKEN_ENV}>")
-        sys.stdout.write(spec)
+        sys.stdout.write(scrub(spec))
         return 0
     job_id = _client(args, env).submit(spec)
     print(job_id)
@@ -117,10 +122,10 @@ def _client(args: argparse.Namespace, env: Mapping[str, str]) -> OpenPAIClient:
 def _status(client: OpenPAIClient, job_id: str, as_json: bool) -> int:
     data = client.status(job_id)
     if as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
+        print(scrub(json.dumps(data, indent=2, sort_keys=True)))
         return 0
     for line in status_lines(job_id, data):
-        print(line)
+        print(scrub(line))
     return 0
 
 

@@ -9,7 +9,6 @@ would fail there fail here, naming the job-file key.
 from __future__ import annotations
 
 import re
-import shlex
 from string import Template
 from typing import Mapping
 
@@ -17,13 +16,15 @@ import yaml
 
 from clusterddp import __version__
 from clusterddp.errors import JobSpecError
-from clusterddp.sections.openpai import JOB_NAME_PATTERN
+from clusterddp.schedulers import quoting as q
+from clusterddp.sections.openpai import IDENTIFIER_PATTERN, JOB_NAME_PATTERN
 from clusterddp.spec import JobSpec
 from clusterddp.templates import load_template
+from clusterddp.validate import one_line_problem, shown, text_problem
 
 TEMPLATE = "openpai.yaml"
 #: Strings that may stay unquoted: no YAML indicator, no ': ', no '#', no ',' (flow maps).
-_PLAIN = re.compile(r"^[A-Za-z_/](?:[A-Za-z0-9_ ./=+@-]*[A-Za-z0-9_./=+@-])?$")
+_PLAIN = re.compile(r"[A-Za-z_/](?:[A-Za-z0-9_ ./=+@-]*[A-Za-z0-9_./=+@-])?")
 #: Characters a double-quoted YAML scalar must escape beyond '"' and '\'.
 _LINE_BREAKS = {"\u0085", "\u2028", "\u2029", "\ufeff"}
 
@@ -35,48 +36,74 @@ def render_openpai(job: JobSpec, job_path: str, name: str | None = None) -> str:
     the setup lines leave it in); ``name`` overrides ``openpai.name`` / the job's name.
     """
     spec = job.openpai
-    where = job.source or job_path
-    if "\n" in job_path or "\r" in job_path:
-        raise JobSpecError(where, None, "", "the job file's path contains a line break")
-    if not spec.image:
+    where = q.place(job.source, job_path)
+    job_word = _job_word(job_path, where)
+    if not isinstance(spec.image, str) or not spec.image:
         raise JobSpecError(where, None, "openpai.image", "required to render an OpenPAI job",
                            "add 'openpai: {image: <docker image with torch and clusterddp>}'")
     job_name = name or spec.name or job.name
-    if not JOB_NAME_PATTERN.match(job_name):
+    if not isinstance(job_name, str) or not JOB_NAME_PATTERN.fullmatch(job_name):
         key = "name" if name is None and spec.name is None else "openpai.name"
         raise JobSpecError(where, None, key,
-                           f"{job_name!r} is not a valid OpenPAI job name (letters, digits, '_', '-')",
+                           f"{shown(job_name)} is not a valid OpenPAI job name (letters, digits, '_', '-')",
                            "set openpai.name, or pass --name")
+    for key, value in (("openpai.task_role", spec.task_role), ("openpai.port_label", spec.port_label)):
+        if not isinstance(value, str) or not IDENTIFIER_PATTERN.fullmatch(value):
+            raise JobSpecError(where, None, key, f"must be letters, digits and '_', got {shown(value)}")
     _check_gpus(job, where)
     for index, line in enumerate(spec.setup):
-        problem = chain_problem(line)
+        problem = (one_line_problem(line) if isinstance(line, str) else "is not a string") or chain_problem(line)
         if problem:
             raise JobSpecError(where, None, f"openpai.setup[{index}]", problem,
                                "OpenPAI runs the commands as one line joined with ' && '")
-    commands = [*spec.setup, f"clusterddp run {shlex.quote(job_path)}"]
+    commands = [*spec.setup, f"clusterddp run {job_word}"]
     values = {
         "version": __version__,
-        "job_file": shlex.quote(job_path),
+        "job_file": job_word,
         "name": yaml_scalar(job_name),
-        "job_retry_count": str(spec.job_retry_count),
-        "image": yaml_scalar(spec.image),
-        "parameters": flow_mapping(spec.parameters),
+        "job_retry_count": q.integer(spec.job_retry_count, where, "openpai.job_retry_count"),
+        "image": _scalar(spec.image, where, "openpai.image"),
+        "parameters": _parameters(spec.parameters, where),
         "task_role": spec.task_role,
-        "instances": str(job.nodes),
-        "task_retry_count": str(spec.task_retry_count),
-        "cpu": str(spec.cpu),
-        "memory_mb": str(spec.memory_mb),
-        "gpu": str(spec.gpu),
+        "instances": q.integer(job.nodes, where, "nodes", minimum=1),
+        "task_retry_count": q.integer(spec.task_retry_count, where, "openpai.task_retry_count"),
+        "cpu": q.integer(spec.cpu, where, "openpai.cpu", minimum=1),
+        "memory_mb": q.integer(spec.memory_mb, where, "openpai.memory_mb", minimum=1),
+        "gpu": q.integer(spec.gpu, where, "openpai.gpu"),
         "port_label": spec.port_label,
-        "shm_mb": str(spec.shm_mb),
+        "shm_mb": q.integer(spec.shm_mb, where, "openpai.shm_mb", minimum=1),
         "commands": "\n".join(f"      - {yaml_scalar(line)}" for line in commands),
-        "virtual_cluster": yaml_scalar(spec.virtual_cluster),
+        "virtual_cluster": _scalar(spec.virtual_cluster, where, "openpai.virtual_cluster"),
     }
     try:
         return Template(load_template(TEMPLATE)).substitute(values)
     except (KeyError, ValueError) as exc:
         raise JobSpecError(where, None, "openpai",
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
+
+
+def _job_word(job_path: str, where: str) -> str:
+    """The job path as a shell word; one line (it is in the header comments too), and without
+    ``<%``, which OpenPAI's runtime would expand as a template before the shell sees it."""
+    word = q.path_word(job_path, where, "job file path")
+    if "<%" in job_path:
+        raise JobSpecError(where, None, "job file path", "contains '<%', which OpenPAI expands as a template")
+    return word
+
+
+def _scalar(value: object, where: str, key: str) -> str:
+    """A string value as an exact YAML scalar; text OpenPAI cannot hold is refused."""
+    problem = text_problem(value) if isinstance(value, str) else f"must be a string, got {type(value).__name__}"
+    if problem:
+        raise JobSpecError(where, None, key, problem)
+    return yaml_scalar(value)
+
+
+def _parameters(values: Mapping[str, str], where: str) -> str:
+    for key, value in values.items():
+        _scalar(key, where, "openpai.parameters")
+        _scalar(value, where, f"openpai.parameters.{key}")
+    return flow_mapping(values)
 
 
 def _check_gpus(job: JobSpec, where: str) -> None:
@@ -123,7 +150,7 @@ def chain_problem(line: str) -> str | None:
 
 def yaml_scalar(value: str) -> str:
     """``value`` as a YAML scalar that reads back as the same string in YAML 1.1 and 1.2."""
-    if _PLAIN.match(value) and yaml.safe_load(value) == value:
+    if _PLAIN.fullmatch(value) and yaml.safe_load(value) == value:
         return value
     out = ['"']
     for char in value:

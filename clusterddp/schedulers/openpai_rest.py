@@ -20,12 +20,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from clusterddp.errors import SubmitError
+from clusterddp.errors import ClusterDDPError, SubmitError
+from clusterddp.redact import MASK, register, scrub
+from clusterddp.validate import MAX_SECRET_CHARS, secret_problem, shown
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +56,29 @@ class Secret:
 def read_token(token_file: str | None, env: Mapping[str, str]) -> Secret:
     """The token from ``--token-file`` if given, else ``CLUSTERDDP_OPENPAI_TOKEN``.
 
-    Never from the job file: job files are committed and shared.
+    Never from the job file: job files are committed and shared. The token is checked (one line
+    of visible ASCII, bounded) before any use, and registered with clusterddp.redact so no
+    message can show it; the errors here name where it came from, never what it holds.
     """
     if token_file:
+        where = f"{shown(token_file)} (--token-file)"
         try:
-            value = Path(token_file).read_text(encoding="utf-8").strip()
+            with open(token_file, "rb") as handle:
+                raw = handle.read(MAX_SECRET_CHARS + 2)
         except OSError as exc:
-            raise SubmitError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+            raise SubmitError(f"cannot read the token file {shown(token_file)}: {exc.strerror}") from None
+        value = raw.decode("utf-8", "replace").strip()
+    else:
+        where = TOKEN_ENV
+        value = env.get(TOKEN_ENV, "").strip()
         if not value:
-            raise SubmitError(f"the token file {token_file} is empty")
-        return Secret(value)
-    value = env.get(TOKEN_ENV, "").strip()
-    if not value:
-        raise SubmitError(f"no OpenPAI token: set {TOKEN_ENV} or pass --token-file FILE",
-                          "create an application token in the OpenPAI web portal (your profile page)")
+            raise SubmitError(f"no OpenPAI token: set {TOKEN_ENV} or pass --token-file FILE",
+                              "create an application token in the OpenPAI web portal (your profile page)")
+    register(value)
+    problem = secret_problem(value)
+    if problem:
+        raise ClusterDDPError(f"{where}: token: {problem}",
+                              "the token is one line; copy it again from the OpenPAI web portal")
     return Secret(value)
 
 
@@ -164,6 +174,8 @@ class OpenPAIClient:
             raise self._refusal(reply, job, location) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise SubmitError(self._unreachable(exc)) from None
+        except ValueError as exc:  # http.client refuses a header value; its message holds it
+            raise SubmitError(f"cannot send the request to {self.url}: {self._scrub(str(exc))}") from None
         log.debug("%s %s -> %d", method, endpoint, reply.status)
         return reply
 
@@ -202,7 +214,9 @@ class OpenPAIClient:
         return SubmitError(f"OpenPAI answered {said}: {text or '(no message)'}")
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self.token.reveal(), "***") if self.token.reveal() else text
+        register(self.token.reveal())
+        text = text.replace(self.token.reveal(), MASK) if self.token.reveal() else text
+        return scrub(text)
 
 
 def _read(exc: urllib.error.HTTPError) -> str:

@@ -17,13 +17,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 from clusterddp import __version__
 from clusterddp.errors import JobSpecError, SubmitError
 from clusterddp.exitcodes import PREEMPTED
-from clusterddp.sections.slurm import signal_name, signals_batch_shell
+from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
 from clusterddp.spec import JobSpec, load_job
+from clusterddp.redact import passthrough_env, scrub
+from clusterddp.schedulers import OneLineParser, write_output
+from clusterddp.schedulers import quoting as q
 from clusterddp.templates import load_template
+from clusterddp.validate import shown
 
 TEMPLATE = "slurm.sbatch"
 
@@ -32,56 +37,85 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
     """The sbatch script for ``job``; ``job_path`` is how every node's launcher finds the file.
 
     ``python`` is the interpreter on the nodes (default: the job's ``python``, else this one).
-    Every template variable must be supplied: a missing one raises instead of rendering empty.
+    Every value is checked and quoted for where it lands (clusterddp.schedulers.quoting), so no
+    value can end a directive, a comment or a shell word early. Every template variable must
+    be supplied: a missing one raises instead of rendering empty.
     """
+    where = q.place(job.source, job_path)
     slurm = job.slurm
-    log_dir = job.logs.dir
+    job_word = q.path_word(job_path, where, "job file path")
     interpreter = python or job.python or sys.executable
-    nodes = job.nodes
+    nodes = q.integer(job.nodes, where, "nodes", minimum=1)
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    if slurm.cpus_per_task:
+    if slurm.cpus_per_task is not None:
         # srun 22.05-23.02 does not inherit --cpus-per-task; the one launcher task needs them all.
-        srun.append(f"--cpus-per-task={slurm.cpus_per_task}")
-    srun += [interpreter, "-m", "clusterddp", "run", job_path]
+        srun.append(f"--cpus-per-task={q.integer(slurm.cpus_per_task, where, 'slurm.cpus_per_task', 1)}")
+    srun_words = [*srun, q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
     values = {
         "version": __version__,
-        "job_file": shlex.quote(job_path),
-        "log_dir": shlex.quote(log_dir),
-        "sbatch_options": "\n".join(sbatch_options(job)),
-        "setup": "".join(f"{line}\n" for line in slurm.setup),
-        "exports": "".join(f"export {name}={shlex.quote(str(value))}\n" for name, value in sorted(job.env.items())),
-        "traps": _traps(slurm.signal),
-        "srun_command": " ".join(shlex.quote(part) for part in srun),
+        "job_file": job_word,
+        "log_dir": q.path_word(job.logs.dir, where, "logs.dir"),
+        "sbatch_options": "\n".join(sbatch_options(job, where)),
+        "setup": _setup(job, where),
+        "exports": _exports(job, where),
+        "traps": _traps(slurm.signal, where),
+        "srun_command": " ".join(srun_words),
         "preempted": str(PREEMPTED),
         "requeue": "1" if slurm.requeue else "0",
     }
     try:
         return string.Template(load_template(TEMPLATE)).substitute(values)
     except (KeyError, ValueError) as exc:
-        raise JobSpecError(job.source or job_path, None, "slurm",
+        raise JobSpecError(where, None, "slurm",
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
 
 
-def sbatch_options(job: JobSpec) -> list[str]:
+def _setup(job: JobSpec, where: str) -> str:
+    lines = [q.setup_line(line, where, f"slurm.setup[{i}]") + "\n" for i, line in enumerate(job.slurm.setup)]
+    if not lines:
+        return ""
+    return "# slurm.setup: one eval per line, so no line can change how the lines after it parse\n" + "".join(lines)
+
+
+def _exports(job: JobSpec, where: str) -> str:
+    """``export NAME=VALUE`` for the job's ``env:``; ``env_passthrough`` names are never here
+    (their values come from the submitting shell through ``--export``)."""
+    lines = []
+    for name, value in sorted(job.env.items()):
+        key = f"env.{q.env_name(name, where, 'env')}"
+        if name in job.env_passthrough:
+            raise q.fail(where, key, f"{name} is also in env_passthrough", "keep a secret in env_passthrough only")
+        lines.append(f"export {name}={q.shell_word(value, where, key)}\n")
+    return "".join(lines)
+
+
+def default_output(job: JobSpec) -> str:
+    """The batch log, ``logs.dir/%x-%j.out`` unless ``slurm.output`` says otherwise."""
+    return job.slurm.output or f"{job.logs.dir.rstrip('/')}/%x-%j.out"
+
+
+def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
     """The ``#SBATCH`` lines, sorted by flag, then the job's extra lines in their order."""
     slurm = job.slurm
     options: dict[str, str | None] = {
-        "job-name": job.name,
-        "nodes": str(job.nodes),
+        "job-name": q.token(job.name, where, "name"),
+        "nodes": q.integer(job.nodes, where, "nodes", minimum=1),
         "ntasks-per-node": "1",
-        "output": slurm.output or f"{job.logs.dir.rstrip('/')}/%x-%j.out",
+        "output": q.directive_value(default_output(job), where, "slurm.output" if slurm.output else "logs.dir"),
     }
-    optional = {
-        "partition": slurm.partition, "account": slurm.account, "qos": slurm.qos,
-        "constraint": slurm.constraint, "mem": slurm.mem, "time": slurm.time, "error": slurm.error,
-        "signal": slurm.signal,
-        "gpus-per-node": None if slurm.gpus_per_node is None else str(slurm.gpus_per_node),
-        "cpus-per-task": None if slurm.cpus_per_task is None else str(slurm.cpus_per_task),
-    }
-    for flag, value in optional.items():
+    for flag in ("partition", "account", "qos", "constraint", "mem", "time", "signal"):
+        value = getattr(slurm, flag)
         if value is not None:
-            _check_value(job, flag, value)
-            options[flag] = value
+            options[flag] = _plain_value(value, where, f"slurm.{flag}")
+    if slurm.error is not None:
+        options["error"] = q.directive_value(slurm.error, where, "slurm.error")
+    for flag, minimum in (("gpus_per_node", 0), ("cpus_per_task", 1)):
+        value = getattr(slurm, flag)
+        if value is not None:
+            options[flag.replace("_", "-")] = q.integer(value, where, f"slurm.{flag}", minimum)
+    if job.env_passthrough:
+        names = [q.env_name(n, where, f"env_passthrough[{i}]") for i, n in enumerate(job.env_passthrough)]
+        options["export"] = ",".join(["ALL", *names])  # by name: the value never enters the script
     if slurm.exclusive:
         options["exclusive"] = None
     if slurm.requeue:
@@ -91,33 +125,39 @@ def sbatch_options(job: JobSpec) -> list[str]:
         options["no-requeue"] = None
     lines = [f"#SBATCH --{flag}" if value is None else f"#SBATCH --{flag}={value}"
              for flag, value in sorted(options.items())]
-    for line in slurm.extra_sbatch:
-        option = line.strip()
-        if option.startswith("#SBATCH"):
-            option = option[len("#SBATCH"):].strip()
-        lines.append(f"#SBATCH {option}")
+    for index, line in enumerate(slurm.extra_sbatch):
+        directive = q.extra_directive(line, where, f"slurm.extra_sbatch[{index}]")
+        if job.env_passthrough and q.option_name(directive) == "--export":
+            raise q.fail(where, f"slurm.extra_sbatch[{index}]", "--export would replace the one env_passthrough needs",
+                         "list the variables in env_passthrough instead")
+        lines.append(f"#SBATCH {directive}")
     return lines
 
 
-def _check_value(job: JobSpec, flag: str, value: str) -> None:
-    """Empty or multi-word values would make sbatch read a different option: refuse them."""
-    if not value.strip() or any(c.isspace() for c in value):
-        raise JobSpecError(job.source or "<job>", None, f"slurm.{flag.replace('-', '_')}",
-                           f"invalid value {value!r}: must be non-empty, without blanks")
+def _plain_value(value: str, where: str, key: str) -> str:
+    """Partition, account, time...: sbatch's own formats have no blanks or quotes; one that
+    does is a typo that would become a different option, so it is refused, not quoted."""
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() or c in "'\"\\#" for c in value):
+        raise q.fail(where, key, f"invalid value {shown(value)}: must be non-empty, without blanks, quotes or '#'")
+    return q.directive_value(value, where, key)
 
 
-def _traps(signal_spec: str | None) -> str:
+def _traps(signal_spec: str | None, where: str = "<job>") -> str:
     """Trap the preemption signal in the batch shell when ``--signal=B:...`` sends it there."""
-    if not signal_spec or not signals_batch_shell(signal_spec):
+    if not signal_spec:
+        return ""
+    if not isinstance(signal_spec, str) or not SIGNAL.fullmatch(signal_spec):
+        raise q.fail(where, "slurm.signal", f"invalid value {shown(signal_spec)} (expected [B:]NAME[@SECONDS])")
+    if not signals_batch_shell(signal_spec):
         return ""
     name = signal_name(signal_spec)
     return f"trap 'forward_signal {name}' {name}\n"
 
 
 def build_parser(action: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"clusterddp {action} slurm",
-                                     description="Render the job file as an sbatch script"
-                                     + (" and submit it with sbatch." if action == "submit" else "."))
+    parser = OneLineParser(prog=f"clusterddp {action} slurm",
+                           description="Render the job file as an sbatch script"
+                           + (" and submit it with sbatch." if action == "submit" else "."))
     parser.add_argument("job", help="job file (jobs/*.yaml)")
     parser.add_argument("--python", help="interpreter on the compute nodes (default: the job's python, else this one)")
     if action == "render":
@@ -127,25 +167,40 @@ def build_parser(action: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main(action: str, argv: list[str]) -> int:
+def main(action: str, argv: list[str], env: Mapping[str, str] | None = None) -> int:
     """``render`` prints or writes the script; ``submit`` also runs ``sbatch --parsable``."""
     if action not in ("render", "submit"):
         raise SubmitError(f"slurm supports 'render' and 'submit', not {action!r}")
+    env = os.environ if env is None else env
     args = build_parser(action).parse_args(argv)
     job = load_job(args.job)
     job_path = os.path.abspath(args.job)  # every node's launcher reads it (shared file system)
     script = render_sbatch(job, job_path, python=args.python)
     if action == "render":
         if args.output:
-            Path(args.output).write_text(script, encoding="utf-8")
+            write_output(args.output, script)
             print(f"wrote {args.output}; submit it with: mkdir -p {shlex.quote(job.logs.dir)} && sbatch {shlex.quote(args.output)}")
         else:
             sys.stdout.write(script)
         return 0
-    return _submit(job, script, dry_run=args.dry_run)
+    passthrough_env(job.env_passthrough, env, job.source or job_path, job.env)
+    return _submit(job, script, dry_run=args.dry_run, env=env)
 
 
-def _submit(job: JobSpec, script: str, dry_run: bool) -> int:
+#: What ``submit`` keeps from the caller's SLURM_* variables: the client's own configuration.
+KEPT_SLURM_VARS = ("SLURM_CONF",)
+#: Prefixes of variables that describe the caller's own allocation or step (or set sbatch's
+#: options behind the job file's back). Handed to sbatch they end up in the new job's
+#: environment: a leaked SLURM_CPU_BIND has pinned 8 ranks to 4 cores.
+SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
+
+
+def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment minus its allocation's variables, for the sbatch process."""
+    return {k: v for k, v in env.items() if k in KEPT_SLURM_VARS or not k.startswith(SCRUBBED_PREFIXES)}
+
+
+def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) -> int:
     """Write the script into the log dir (it documents the run), then ``sbatch --parsable`` it."""
     log_dir = Path(job.logs.dir)
     path = log_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
@@ -154,16 +209,21 @@ def _submit(job: JobSpec, script: str, dry_run: bool) -> int:
         sys.stdout.write(script)
         print(f"# dry run: would write {path} and run: {shlex.join(command)}")
         return 0
-    if shutil.which("sbatch") is None:
+    clean = sbatch_env(env)
+    if shutil.which("sbatch", path=clean.get("PATH")) is None:
         raise SubmitError("sbatch is not on PATH", "run this on a SLURM login node, or use 'render' and copy the script")
-    log_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the output's directory
-    path.write_text(script, encoding="utf-8")
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the output's directory
+    except OSError as exc:
+        raise JobSpecError(job.source or "<job>", None, "logs.dir",
+                           f"cannot create {shown(str(log_dir))}: {exc.strerror}") from None
+    write_output(str(path), script)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=clean)
     if result.returncode != 0:
-        sys.stderr.write(result.stderr)
+        sys.stderr.write(scrub(result.stderr))
         raise SubmitError(f"sbatch failed with exit code {result.returncode} (script kept at {path})")
     job_id = result.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
-    output = (job.slurm.output or f"{job.logs.dir.rstrip('/')}/%x-%j.out").replace("%x", job.name).replace("%j", job_id)
+    output = default_output(job).replace("%x", job.name).replace("%j", job_id)
     print(job_id)
     print(f"clusterddp: submitted job {job_id}; script {path}; batch log {output}; "
           f"worker logs under {job.logs.dir}/{job_id}/", file=sys.stderr)

@@ -30,6 +30,7 @@ from clusterddp.launch.ssh.remote_command import (LaunchPlan, forwarded_env, lau
 from clusterddp.launch.ssh.stacks import LauncherFile
 from clusterddp.launch.ssh.summary import format_outcome
 from clusterddp.launch.supervisor import STACKS_REQUEST_SIGNAL
+from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port
 
@@ -111,7 +112,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     python = job.python or sys.executable
     cwd = options.cwd or os.getcwd()
     head_env = dict(os.environ if options.head_env is None else options.head_env)
-    base_env = {**forwarded_env(head_env, job.ssh.env_allow), **job.env}
+    base_env = head_launch_env(job, head_env)
     if options.command:
         target, paths = ["--", *options.command], []
     else:
@@ -181,6 +182,14 @@ def _run(job: JobSpec, options: FanoutOptions, sessions: list[HostSession], plan
     return outcome.exit_code
 
 
+def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]:
+    """What every host's launcher gets from the head: the allow-list, ``ssh.env_allow``, the
+    ``env_passthrough`` variables (an unset one is an error before any host is contacted), then
+    the job's ``env:``."""
+    passthrough_env(job.env_passthrough, head_env, job.source or "<command line>", job.env)
+    return {**forwarded_env(head_env, job.ssh.env_allow, job.env_passthrough), **job.env}
+
+
 def _plans(job: JobSpec, options: FanoutOptions, sessions: Sequence[HostSession], target: list[str],
            master_addr: str, master_port: int, run_id: str, base_env: Mapping[str, str],
            cwd: str) -> list[LaunchPlan]:
@@ -210,7 +219,8 @@ def _plans(job: JobSpec, options: FanoutOptions, sessions: Sequence[HostSession]
                              run_id=run_id, nproc=nproc, heartbeat_timeout=options.heartbeat_timeout,
                              extra=options.launcher_args)
         plans.append(LaunchPlan(host=session.host.name, node_rank=session.node_rank, nproc=nproc, argv=argv,
-                                env=launcher_env(base_env, job.env, interface), cwd=cwd))
+                                env=launcher_env(base_env, job.env, interface), cwd=cwd,
+                                passthrough=tuple(job.env_passthrough)))
     return plans
 
 

@@ -38,14 +38,18 @@ class LaunchPlan:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = "/"
+    #: ``env_passthrough`` names among ``env``: secrets, shown by ``shell_line`` as ``"$NAME"``.
+    passthrough: tuple[str, ...] = ()
 
     def message(self) -> dict[str, object]:
         """The JSON 'go' message for the stub."""
         return {"argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
 
     def shell_line(self) -> str:
-        """The same launch as one shell line (dry run; starting one node by hand)."""
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        """The same launch as one shell line (dry run; starting one node by hand). A passthrough
+        variable appears as a reference to the caller's own (``NAME="$NAME"``), never its value."""
+        exports = " ".join(f'{k}="${k}"' if k in self.passthrough else f"{k}={shlex.quote(v)}"
+                           for k, v in sorted(self.env.items()))
         command = " ".join(shlex.quote(a) for a in self.argv)
         return f"cd {shlex.quote(self.cwd)} && " + (f"env {exports} " if exports else "") + command
 
@@ -63,10 +67,14 @@ def kill_command(pid: int, pgid: int, signal_name: str) -> str:
     return f"kill -{signal_name} {target} 2>/dev/null; true"
 
 
-def forwarded_env(head_env: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
-    """The head's variables on the allow-list (plus ``ssh.env_allow``)."""
+def forwarded_env(head_env: Mapping[str, str], extra: Iterable[str] = (),
+                  passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """The head's variables on the allow-list (plus ``ssh.env_allow``), and the job's
+    ``env_passthrough`` names, exactly (they travel in the stub's JSON, never in a shell line)."""
     patterns = (*ENV_ALLOW, *extra)
-    return {k: v for k, v in head_env.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    names = set(passthrough)
+    return {k: v for k, v in head_env.items()
+            if k in names or any(fnmatch.fnmatchcase(k, p) for p in patterns)}
 
 
 def launcher_env(base: Mapping[str, str], job_env: Mapping[str, str], interface: str | None) -> dict[str, str]:
