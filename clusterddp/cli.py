@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+import typing
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from clusterddp import __version__
+from clusterddp import __version__, validate
 from clusterddp.errors import ClusterDDPError
 
 if TYPE_CHECKING:  # imported lazily at run time: `clusterddp --help` should not pay for YAML
@@ -32,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterDDPError as exc:
         from clusterddp.redact import scrub  # every secret read so far is masked in the one line
 
-        print(f"clusterddp: error: {scrub(str(exc))}", file=sys.stderr)
+        print(f"clusterddp: error: {validate.escape_controls(scrub(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("clusterddp: interrupted", file=sys.stderr)
@@ -56,6 +58,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    args = _typed(args, os.environ)
     args.script_command = extra
     if args.command == "run":
         return _run(args)
@@ -81,44 +84,147 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _nproc(value: str) -> int | str:
-    if value in ("auto", "gpu", "cpu"):
+class _Parser(argparse.ArgumentParser):
+    """argparse whose own errors (unknown flag, missing value) are one ClusterDDPError line,
+    exit 2, like every other bad input; ``--help`` and ``--version`` still print and exit 0."""
+
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        where = self.prog.removeprefix("clusterddp").strip() or "clusterddp"
+        message = message.removeprefix("argument ")
+        raise ClusterDDPError(f"{where}: {validate.escape_controls(message)[:300]}", f"see '{self.prog} --help'")
+
+
+class _Problem(ValueError):
+    """A flag or variable value that breaks its rule; the message is the rule's problem."""
+
+
+def _integer(raw: str) -> int:
+    if not validate.INTEGER_TEXT.fullmatch(raw):
+        raise _Problem(f"expected an integer, got {validate.shown(raw)}")
+    return int(raw)
+
+
+def _number(raw: str) -> float:
+    if not _FLOAT.fullmatch(raw):
+        raise _Problem(f"expected a number, got {validate.shown(raw)}")
+    return float(raw)
+
+
+_FLOAT = re.compile(r"-?(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})(?:[eE][-+]?[0-9]{1,3})?")
+
+
+def _checked(parse: Callable[[str], Any], *problems: Callable[[Any], str | None]) -> Callable[[str], Any]:
+    """A converter: parse the text, then apply the same rules as the job-file key."""
+    def convert(raw: str) -> Any:
+        value = parse(raw)
+        for problem_of in problems:
+            problem = problem_of(value)
+            if problem:
+                raise _Problem(problem)
         return value
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, 'auto', 'gpu' or 'cpu', got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
+    return convert
 
 
-def _ranks(value: str) -> frozenset[int]:
-    try:
-        return frozenset(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ranks like 0,3, got {value!r}") from None
+def _nproc_value(raw: str) -> int | str:
+    if raw in ("auto", "gpu", "cpu"):
+        return raw
+    if not validate.INTEGER_TEXT.fullmatch(raw):
+        raise _Problem(f"expected a number, 'auto', 'gpu' or 'cpu', got {validate.shown(raw)}")
+    return _checked(int, validate.workers_problem)(raw)
 
 
-def _env_default(name: str, cast: Callable[[str], Any] = str) -> Any:
-    raw = os.environ.get(f"CLUSTERDDP_{name}")
-    return cast(raw) if raw not in (None, "") else None
+def _ranks(raw: str) -> frozenset[int]:
+    parts = [part.strip() for part in raw.split(",") if part.strip()]
+    if len(parts) > 4096 or not all(validate.INTEGER_TEXT.fullmatch(p) and int(p) >= 0 for p in parts):
+        raise _Problem(f"expected ranks like 0,3, got {validate.shown(raw)}")
+    return frozenset(int(p) for p in parts)
+
+
+def _text(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
+    return _checked(str, problem_of)
+
+
+def _node_rank(value: int) -> str | None:
+    return None if 0 <= value < validate.MAX_NODES else f"must be 0-{validate.MAX_NODES - 1}, got {value}"
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0 < value <= 1 else f"must be > 0 and <= 1, got {value}"
+
+
+def _run_id(value: str) -> str | None:
+    return validate.token_problem(value, "a run id")
+
+
+#: Every flag that takes a value: its converter, which applies the same validators as the
+#: job-file key it overrides, and the CLUSTERDDP_* variable it falls back to (if any).
+FLAGS: dict[str, tuple[str, Callable[[str], Any], str | None]] = {
+    "nproc_per_node": ("--nproc-per-node", _nproc_value, "CLUSTERDDP_NPROC_PER_NODE"),
+    "nnodes": ("--nnodes", _checked(_integer, validate.nodes_problem), "CLUSTERDDP_NNODES"),
+    "node_rank": ("--node-rank", _checked(_integer, _node_rank), "CLUSTERDDP_NODE_RANK"),
+    "master_addr": ("--master-addr", _text(validate.host_problem), "CLUSTERDDP_MASTER_ADDR"),
+    "master_port": ("--master-port", _checked(_integer, validate.port_problem), "CLUSTERDDP_MASTER_PORT"),
+    "run_id": ("--run-id", _text(_run_id), "CLUSTERDDP_RUN_ID"),
+    "hostfile": ("--hostfile", _text(validate.path_problem), "CLUSTERDDP_HOSTFILE"),
+    "restarts": ("--restarts", _checked(_integer, validate.non_negative_problem), None),
+    "grace_period": ("--grace-period", _checked(_number, validate.non_negative_problem), None),
+    "python": ("--python", _text(validate.path_problem), None),
+    "log_dir": ("--log-dir", _text(validate.path_problem), None),
+    "log_ranks": ("--log-ranks", _ranks, None),
+    "heartbeat_timeout": ("--heartbeat-timeout", _checked(_number, validate.positive_problem), None),
+    "timeout": ("--timeout", _checked(_number, validate.positive_problem), None),
+    "iters": ("--iters", _checked(_integer, validate.workers_problem), None),
+    "partners": ("--partners", _checked(_integer, validate.nodes_problem), None),
+    "slow_fraction": ("--slow-fraction", _checked(_number, _fraction), None),
+    "sizes": ("--sizes", _text(validate.line_problem), None),
+    "job": ("JOB", _text(validate.path_problem), None),
+    "target": ("TARGET", _text(validate.path_problem), None),
+}
+#: Lists of values (repeatable flags): each item passes the rule.
+LIST_FLAGS = {"include": "--include", "exclude": "--exclude"}
+
+
+def _typed(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
+    """Convert and validate every flag (as typed) and every CLUSTERDDP_* fallback (as set).
+
+    Defaults are never computed from the environment while the parser is built, so a bad
+    ``CLUSTERDDP_NNODES`` cannot break ``--help`` or ``--version``; it fails here, naming the
+    variable, only for the commands that read it."""
+    for dest, (flag, convert, variable) in FLAGS.items():
+        if not hasattr(args, dest):
+            continue
+        raw, where = getattr(args, dest), flag
+        if raw is None and variable and env.get(variable, "") != "":
+            raw, where = env[variable], variable
+        if raw is None or not isinstance(raw, str):
+            continue
+        try:
+            setattr(args, dest, convert(raw))
+        except _Problem as exc:
+            raise ClusterDDPError(f"{where}: {exc}") from None
+    for dest, flag in LIST_FLAGS.items():
+        for raw in getattr(args, dest, None) or ():
+            problem = validate.path_problem(raw)
+            if problem:
+                raise ClusterDDPError(f"{flag}: {problem}")
+    limit = env.get(validate.MAX_WORKERS_ENV, "")
+    if limit and validate.int_text_problem(limit, 1, 1 << 20):
+        raise ClusterDDPError(f"{validate.MAX_WORKERS_ENV}: {validate.int_text_problem(limit, 1, 1 << 20)}")
+    return args
 
 
 def _add_placement_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("placement (override the detected cluster environment)")
-    group.add_argument("--nproc-per-node", type=_nproc, default=_env_default("NPROC_PER_NODE", _nproc),
-                       help="workers on this node: a number, auto, gpu or cpu")
-    group.add_argument("--nnodes", type=int, default=_env_default("NNODES", int))
-    group.add_argument("--node-rank", type=int, default=_env_default("NODE_RANK", int))
-    group.add_argument("--master-addr", default=_env_default("MASTER_ADDR"))
-    group.add_argument("--master-port", type=int, default=_env_default("MASTER_PORT", int))
-    group.add_argument("--run-id", default=_env_default("RUN_ID"),
-                       help="names the log dir and seeds the derived master port")
+    group.add_argument("--nproc-per-node", help="workers on this node: a number, auto, gpu or cpu")
+    group.add_argument("--nnodes")
+    group.add_argument("--node-rank")
+    group.add_argument("--master-addr")
+    group.add_argument("--master-port")
+    group.add_argument("--run-id", help="names the log dir and seeds the derived master port")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="clusterddp",
         description="Run one PyTorch DDP job file here, over SSH, on SLURM or on OpenPAI.")
     parser.add_argument("--version", action="version", version=f"clusterddp {__version__}")
@@ -130,22 +236,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", nargs="?", help="job file (jobs/*.yaml)")
     _add_placement_flags(run)
     ssh = run.add_argument_group("SSH fan-out")
-    ssh.add_argument("--hostfile", default=_env_default("HOSTFILE"),
+    ssh.add_argument("--hostfile",
                      help="hosts to fan out to: 'host', 'host slots=N' or 'host:N' per line")
     ssh.add_argument("--include", action="append", default=[], help="only these hosts (repeatable)")
     ssh.add_argument("--exclude", action="append", default=[], help="not these hosts (repeatable)")
     opts = run.add_argument_group("supervision and logs")
     opts.add_argument("--dry-run", action="store_true", help="print ranks, commands and env; start nothing")
-    opts.add_argument("--restarts", type=int, help="restart the local group up to N times")
-    opts.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL at teardown")
+    opts.add_argument("--restarts", help="restart the local group up to N times")
+    opts.add_argument("--grace-period", help="seconds between SIGTERM and SIGKILL at teardown")
     opts.add_argument("--python", help="interpreter for the workers (default: this one)")
     opts.add_argument("--log-dir", help="per-rank log files go to DIR/<run-id>/")
-    opts.add_argument("--log-ranks", type=_ranks, help="show only these ranks on the console, e.g. 0,1")
+    opts.add_argument("--log-ranks", help="show only these ranks on the console, e.g. 0,1")
     opts.add_argument("--no-prefix", action="store_true", help="no [host rank R] prefix on console lines")
     internal = run.add_argument_group("used by the SSH head on remote hosts")
     internal.add_argument("--watch-stdin", action="store_true",
                           help="stop the workers when stdin closes or its heartbeat stops")
-    internal.add_argument("--heartbeat-timeout", type=float, default=6.0)
+    internal.add_argument("--heartbeat-timeout", default="6.0")
     internal.add_argument("--report-json", action="store_true", help="print a CLUSTERDDP_RESULT line at the end")
 
     env = sub.add_parser("env", help="show the detected cluster environment and the topology it gives")
@@ -156,15 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
     stacks = sub.add_parser("stacks", help="dump every worker's Python stack of a running job")
     stacks.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
     stacks.add_argument("--log-dir", default="logs")
-    stacks.add_argument("--timeout", type=float, default=10.0)
+    stacks.add_argument("--timeout", default="10.0")
 
     doctor = sub.add_parser("doctor", help="preflight every node and measure all_reduce across them")
     doctor.add_argument("job")
     doctor.add_argument("--hostfile")
     doctor.add_argument("--sizes", help="message sizes in bytes, comma-separated (default 8,65536,1048576)")
-    doctor.add_argument("--iters", type=int, help="timed iterations per size (default 5; x4 for sizes <= 4 KiB)")
-    doctor.add_argument("--partners", type=int, help="partner nodes per node for the ping-pong (default 3)")
-    doctor.add_argument("--slow-fraction", type=float,
+    doctor.add_argument("--iters", help="timed iterations per size (default 5; x4 for sizes <= 4 KiB)")
+    doctor.add_argument("--partners", help="partner nodes per node for the ping-pong (default 3)")
+    doctor.add_argument("--slow-fraction",
                         help="flag a node below this fraction of the others' median (default 0.5)")
 
     for action in SCHEDULER_ACTIONS:
@@ -182,14 +288,16 @@ def _load(args: argparse.Namespace) -> JobSpec:
     changes: dict[str, object] = {"nproc_per_node": args.nproc_per_node}
     for name in ("restarts", "grace_period", "python"):
         changes[name] = getattr(args, name, None)
+    given = {key: FLAGS[key][0] for key, value in changes.items() if value is not None}
     logs = job.logs
     if getattr(args, "log_dir", None):
         logs = replace(logs, dir=args.log_dir)
+        given["logs.dir"] = "--log-dir"
     if getattr(args, "log_ranks", None) is not None:
         logs = replace(logs, ranks=tuple(sorted(args.log_ranks)))
     if getattr(args, "no_prefix", False):
         logs = replace(logs, prefix=False)
-    return job.with_overrides(logs=logs, **changes)
+    return job.with_overrides(logs=logs, given_by=given, **changes)
 
 
 def _overrides(args: argparse.Namespace, job: JobSpec | None = None) -> Overrides:

@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from clusterddp.errors import HostlistError
+from clusterddp.validate import MAX_HOSTFILE_BYTES, control_problem, read_small_file, shown, workers_problem
 
 #: Host names and addresses: DNS labels, IPv4, ``user@`` prefix; IPv6 only inside brackets.
-_HOST = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]*)@)?(?P<host>\[[0-9A-Fa-f:.%A-Za-z]+\]|[A-Za-z0-9_][A-Za-z0-9_.-]*)$")
+_HOST = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,63})@)?"
+                   r"(?P<host>\[[0-9A-Fa-f:.%A-Za-z]{2,60}\]|[A-Za-z0-9_][A-Za-z0-9_.-]{0,252})")
 _SLOT_KEYS = ("slots", "max_slots", "max-slots")
+#: Slots on one host, as workers per node: the same bound (raised by the same variable).
+_SLOTS = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
@@ -41,17 +45,24 @@ class HostEntry:
 
 
 def parse_hostfile(text: str, path: str) -> list[HostEntry]:
-    """Parse a hostfile's text; ``path`` is only used to name ``file:line`` in errors."""
+    """Parse a hostfile's text; ``path`` is only used to name ``file:line`` in errors.
+
+    Lines end at '\n' only (``str.splitlines`` would also split at U+2028 or NEL and so
+    accept a host hidden after one); any other control character in a line is an error."""
     entries: list[HostEntry] = []
     seen: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1):
+        where = f"{path}:{number}"
+        raw = raw[:-1] if raw.endswith("\r") else raw
+        problem = control_problem(raw.replace("\t", " "))
+        if problem:
+            raise HostlistError(f"{where}: the line {problem}", "one host per line: 'host', 'host slots=N' or 'host:N'")
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        where = f"{path}:{number}"
         entry = parse_host_spec(line, where)
         if entry.host in seen:
-            raise HostlistError(f"{where}: host {entry.host!r} is listed twice (first at {seen[entry.host]})",
+            raise HostlistError(f"{where}: host {shown(entry.host)} is listed twice (first at {seen[entry.host]})",
                                 "give each host once, with slots=N for several workers")
         seen[entry.host] = where
         entries.append(entry)
@@ -60,13 +71,17 @@ def parse_hostfile(text: str, path: str) -> list[HostEntry]:
 
 def parse_host_spec(spec: str, where: str) -> HostEntry:
     """One entry: ``host``, ``host slots=N``, ``host:N``, optionally ``user@host``."""
+    problem = control_problem(spec.replace("\t", " ")) or ("is over 1024 characters" if len(spec) > 1024 else None)
+    if problem or not spec.strip():
+        raise HostlistError(f"{where}: {shown(spec)}: {problem or 'is empty'}",
+                            "expected 'host', 'host slots=N' or 'host:N'")
     words = spec.split()
     first, options = words[0], words[1:]
     slots: int | None = None
     if first.startswith("[") or "]" in first:
         address, bracket, count = first.partition("]")
         if not bracket or (count and not count.startswith(":")):
-            raise HostlistError(f"{where}: {first!r}: expected '[address]' or '[address]:N'")
+            raise HostlistError(f"{where}: {shown(first)}: expected '[address]' or '[address]:N'")
         if count:
             slots = _slots(count[1:], where, first)
         first = address + "]"
@@ -74,14 +89,15 @@ def parse_host_spec(spec: str, where: str) -> HostEntry:
         first, _, count = first.partition(":")
         slots = _slots(count, where, f"{first}:{count}")
     elif ":" in first:
-        raise HostlistError(f"{where}: {first!r}: write IPv6 addresses in brackets, e.g. [{first}]:2")
-    match = _HOST.match(first)
+        raise HostlistError(f"{where}: {shown(first)}: write IPv6 addresses in brackets, e.g. [{first[:60]}]:2")
+    match = _HOST.fullmatch(first)
     if not match:
-        raise HostlistError(f"{where}: {first!r} is not a host name or address")
+        raise HostlistError(f"{where}: {shown(first)} is not a host name or address",
+                            "host names are letters, digits, '.', '-', '_' (not starting with '-')")
     for option in options:
         key, sep, value = option.partition("=")
         if not sep or key not in _SLOT_KEYS:
-            raise HostlistError(f"{where}: unknown option {option!r}",
+            raise HostlistError(f"{where}: unknown option {shown(option)}",
                                 "expected 'host', 'host slots=N' or 'host:N'")
         if key == "slots":
             if slots is not None:
@@ -97,16 +113,26 @@ def parse_host_spec(spec: str, where: str) -> HostEntry:
 
 def read_hostfile(path: str | Path) -> list[HostEntry]:
     """Read and parse a hostfile; a missing or empty file is an error naming it."""
-    shown = str(path)
+    name = str(path)
+    if control_problem(name) or len(name) > 4096:
+        raise HostlistError(f"{shown(name)}: the hostfile's path " + (control_problem(name) or "is too long"))
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = read_small_file(name, MAX_HOSTFILE_BYTES)
     except FileNotFoundError:
-        raise HostlistError(f"{shown}: no such hostfile") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HostlistError(f"{shown}: cannot read the hostfile: {exc}") from None
-    entries = parse_hostfile(text, shown)
+        raise HostlistError(f"{name}: no such hostfile") from None
+    except ValueError as exc:
+        raise HostlistError(f"{name}: the hostfile {exc}") from None
+    except OSError as exc:
+        raise HostlistError(f"{name}: cannot read the hostfile: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise HostlistError(f"{name}:{line}: not UTF-8 text (byte {data[exc.start]:#04x})",
+                            "one host per line: 'host', 'host slots=N' or 'host:N'") from None
+    entries = parse_hostfile(text, name)
     if not entries:
-        raise HostlistError(f"{shown}: no hosts in the hostfile")
+        raise HostlistError(f"{name}: no hosts in the hostfile")
     return entries
 
 
@@ -116,11 +142,11 @@ def entries_from_list(specs: Sequence[str], origin: str) -> list[HostEntry]:
     seen: dict[str, str] = {}
     for index, spec in enumerate(specs):
         where = f"{origin}[{index}]"
-        if not spec.strip() or "\n" in spec or "#" in spec:
-            raise HostlistError(f"{where}: {spec!r}: expected one host per entry ('host', 'host slots=N', 'host:N')")
+        if not spec.strip() or control_problem(spec.replace("\t", " ")) or "#" in spec:
+            raise HostlistError(f"{where}: {shown(spec)}: expected one host per entry ('host', 'host slots=N', 'host:N')")
         entry = parse_host_spec(spec.strip(), where)
         if entry.host in seen:
-            raise HostlistError(f"{where}: host {entry.host!r} is listed twice (first at {seen[entry.host]})")
+            raise HostlistError(f"{where}: host {shown(entry.host)} is listed twice (first at {seen[entry.host]})")
         seen[entry.host] = where
         entries.append(entry)
     return entries
@@ -139,7 +165,7 @@ def select_hosts(entries: Sequence[HostEntry], include: Iterable[str] = (),
     for kind, patterns in (("include", includes), ("exclude", excludes)):
         for pattern in patterns:
             if not fnmatch.filter(names, pattern):
-                raise HostlistError(f"--{kind} {pattern!r} matches no host", "hosts: " + ", ".join(names))
+                raise HostlistError(f"--{kind} {shown(pattern)} matches no host", "hosts: " + shown(", ".join(names), 200))
     kept = [e for e in entries
             if (not includes or any(fnmatch.fnmatchcase(e.host, p) for p in includes))
             and not any(fnmatch.fnmatchcase(e.host, p) for p in excludes)]
@@ -152,7 +178,10 @@ def _patterns(values: Iterable[str]) -> list[str]:
     return [p.strip() for value in values for p in value.split(",") if p.strip()]
 
 
-def _slots(value: str, where: str, shown: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise HostlistError(f"{where}: {shown!r}: slots must be a whole number >= 1")
+def _slots(value: str, where: str, written: str) -> int:
+    if not _SLOTS.fullmatch(value) or int(value) < 1:
+        raise HostlistError(f"{where}: {shown(written)}: slots must be a whole number >= 1")
+    problem = workers_problem(int(value))
+    if problem:
+        raise HostlistError(f"{where}: {shown(written)}: slots: {problem}")
     return int(value)

@@ -8,83 +8,60 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
+from clusterddp import validate
 from clusterddp.errors import JobSpecError
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.sections.ssh import SSHSpec
-from clusterddp.specload import INTERNAL, NodeReader, check, compose
-from clusterddp.validate import env_name_problem
+from clusterddp.specload import INTERNAL, NodeReader, check, check_each, compose
+from clusterddp.validate import (env_name_problem, host_problem, module_problem, nodes_problem,
+                                 non_negative_problem, path_problem, port_problem, positive_problem,
+                                 shown, signal_problem, text_problem, token_problem, workers_problem)
 
 NprocPerNode = Union[int, Literal["auto", "gpu", "cpu"]]
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def _name(value: str) -> str | None:
-    if NAME_PATTERN.match(value):
-        return None
-    return f"must match {NAME_PATTERN.pattern} (letters, digits, '_', '.', '-'), got {value!r}"
-
-
-def _positive(value: float) -> str | None:
-    return None if value > 0 else f"must be > 0, got {value}"
-
-
-def _non_negative(value: float) -> str | None:
-    return None if value >= 0 else f"must be >= 0, got {value}"
-
-
-def _port(value: int) -> str | None:
-    return None if 1 <= value <= 65535 else f"port must be 1-65535, got {value}"
+#: Kept for callers that build names; the rule itself is ``validate.token_problem`` (fullmatch).
+NAME_PATTERN = validate.TOKEN
+COMMAND_LINE = "<command line>"
 
 
 def _nproc(value: NprocPerNode) -> str | None:
-    if isinstance(value, int) and value < 1:
-        return f"must be >= 1, got {value}"
-    return None
+    return workers_problem(value) if isinstance(value, int) else None
 
 
-def _signals(value: tuple[str, ...]) -> str | None:
-    for name in value:
-        if not hasattr(signal, name) or not name.startswith("SIG"):
-            return f"unknown signal {name!r} (use names like SIGUSR1)"
-    return None
+def _rank(value: int) -> str | None:
+    return None if 0 <= value < validate.MAX_NODES * validate.MAX_WORKERS_PER_NODE else f"not a rank: {value}"
 
 
-def _env_names(value: dict[str, str]) -> str | None:
-    for name in value:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            return f"invalid environment variable name {name!r}"
-    return None
-
-
-def _passthrough_names(value: tuple[str, ...]) -> str | None:
-    for name in value:
-        problem = env_name_problem(name)
-        if problem:
-            return problem
-    return None
+def _names(problem: Any) -> Any:
+    """A check over a whole list or mapping of names: the first bad name's problem."""
+    def checker(value: Any) -> str | None:
+        for name in value:
+            found = problem(name)
+            if found:
+                return found
+        return None
+    return checker
 
 
 @dataclass(frozen=True)
 class MasterSpec:
     """Where rank 0's TCP store listens; filled in by the cluster environment when absent."""
 
-    addr: str | None = None
-    port: int | None = field(default=None, metadata=check(_port))
+    addr: str | None = field(default=None, metadata=check(host_problem))
+    port: int | None = field(default=None, metadata=check(port_problem))
 
 
 @dataclass(frozen=True)
 class LogsSpec:
     """Per-rank log files and what the console shows."""
 
-    dir: str = "logs"
-    ranks: tuple[int, ...] | None = None
+    dir: str = field(default="logs", metadata=check(path_problem))
+    ranks: tuple[int, ...] | None = field(default=None, metadata=check_each(_rank))
     prefix: bool = True
 
 
@@ -92,25 +69,25 @@ class LogsSpec:
 class JobSpec:
     """A validated job. Paths are kept as written; ``base_dir`` is where relative ones start."""
 
-    name: str = field(default="job", metadata=check(_name))
-    script: str | None = None
-    module: str | None = None
-    args: tuple[str, ...] = ()
-    nodes: int = field(default=1, metadata=check(_positive))
+    name: str = field(default="job", metadata=check(token_problem))
+    script: str | None = field(default=None, metadata=check(path_problem))
+    module: str | None = field(default=None, metadata=check(module_problem))
+    args: tuple[str, ...] = field(default=(), metadata=check_each(text_problem))
+    nodes: int = field(default=1, metadata=check(nodes_problem))
     nproc_per_node: NprocPerNode = field(default="auto", metadata=check(_nproc))
     backend: Literal["auto", "nccl", "gloo"] = "auto"
-    env: dict[str, str] = field(default_factory=dict, metadata=check(_env_names))
+    env: dict[str, str] = field(default_factory=dict, metadata=check(_names(env_name_problem)))
     #: Names of the launcher's variables every worker gets (secrets: WANDB_API_KEY, HF_TOKEN):
     #: copied by name at start, over SSH too, ``--export``-ed by name into sbatch; the value is
     #: never written to a job file, a rendered script, a dry run or a log.
-    env_passthrough: tuple[str, ...] = field(default=(), metadata=check(_passthrough_names))
-    workdir: str | None = None
-    python: str | None = None
+    env_passthrough: tuple[str, ...] = field(default=(), metadata=check_each(env_name_problem))
+    workdir: str | None = field(default=None, metadata=check(path_problem))
+    python: str | None = field(default=None, metadata=check(path_problem))
     master: MasterSpec = field(default_factory=MasterSpec)
-    restarts: int = field(default=0, metadata=check(_non_negative))
-    grace_period: float = field(default=5.0, metadata=check(_non_negative))
-    forward_signals: tuple[str, ...] = field(default=("SIGUSR1", "SIGUSR2"), metadata=check(_signals))
-    hang_timeout: float | None = field(default=None, metadata=check(_positive))
+    restarts: int = field(default=0, metadata=check(non_negative_problem))
+    grace_period: float = field(default=5.0, metadata=check(non_negative_problem))
+    forward_signals: tuple[str, ...] = field(default=("SIGUSR1", "SIGUSR2"), metadata=check_each(signal_problem))
+    hang_timeout: float | None = field(default=None, metadata=check(positive_problem))
     logs: LogsSpec = field(default_factory=LogsSpec)
     ssh: SSHSpec = field(default_factory=SSHSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
@@ -119,11 +96,16 @@ class JobSpec:
     source: str | None = field(default=None, compare=False, metadata={INTERNAL: True})
     base_dir: str = field(default=".", compare=False, metadata={INTERNAL: True})
     key_lines: Mapping[str, int] = field(default_factory=dict, compare=False, metadata={INTERNAL: True})
+    #: Keys a flag set (``{"python": "--python"}``): messages about them name the flag.
+    given_by: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={INTERNAL: True})
 
     def where(self, key: str) -> str:
-        """``file:line: key`` for messages about a value after loading (``key`` dotted)."""
+        """``file:line: key`` for messages about a value after loading (``key`` dotted); the
+        flag's name when a flag set it."""
+        if key in self.given_by:
+            return self.given_by[key]
         if self.source is None:
-            return f"<command line>: {key}"
+            return f"{COMMAND_LINE}: {key}"
         line = self.key_lines.get(key)
         return f"{self.source}:{line}: {key}" if line else f"{self.source}: {key}"
 
@@ -150,40 +132,73 @@ class JobSpec:
 
 
 def load_job(path: str | os.PathLike[str]) -> JobSpec:
-    """Read, validate and type one job file; raise JobSpecError naming file:line: key."""
-    shown = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise JobSpecError(shown, None, "", "no such job file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise JobSpecError(shown, None, "", f"cannot read the job file: {exc}") from None
-    node = compose(shown, text)
-    reader = NodeReader(shown)
+    """Read, validate and type one job file; raise JobSpecError naming file:line: key.
+
+    The file is read through ``validate.read_small_file`` (a regular file of at most
+    MAX_JOB_FILE_BYTES), so /dev/zero, a FIFO or a directory is one line, not a hang."""
+    where = str(path)
+    if validate.control_problem(where) or len(where) > 4096:
+        raise JobSpecError(shown(where), None, "", "the job file's path " +
+                           (validate.control_problem(where) or "is too long"))
+    text = _read_job_text(where)
+    node = compose(where, text)
+    reader = NodeReader(where)
     spec: JobSpec = reader.build(JobSpec, node)
     if spec.script and spec.module:
         raise reader.fail(node, "script", "give either 'script' or 'module', not both")
     if not spec.script and not spec.module:
         raise reader.fail(node, "script", "missing what to run", "add 'script: train.py' or 'module: pkg.train'")
-    name = spec.name if "name" in _keys(node) else _default_name(shown)
-    base_dir = os.path.dirname(os.path.abspath(shown))
-    spec = replace(spec, name=name, source=shown, base_dir=base_dir, key_lines=types.MappingProxyType(reader.lines))
+    name = spec.name if "name" in _keys(node) else _default_name(where)
+    base_dir = os.path.dirname(os.path.abspath(where))
+    spec = replace(spec, name=name, source=where, base_dir=base_dir, key_lines=types.MappingProxyType(reader.lines))
     if spec.script and not os.path.isfile(spec.script_path()):
         line = _line_of(node, "script")
-        raise JobSpecError(shown, line, "script", f"no such file: {spec.script_path()}")
+        raise JobSpecError(where, line, "script", f"no such file: {shown(spec.script_path(), 200)}")
     return spec
 
 
+def _read_job_text(where: str) -> str:
+    """The job file's text: a regular UTF-8 file of bounded size, or one line saying why not."""
+    try:
+        data = validate.read_small_file(where, validate.MAX_JOB_FILE_BYTES)
+    except FileNotFoundError:
+        raise JobSpecError(where, None, "", "no such job file") from None
+    except ValueError as exc:
+        raise JobSpecError(where, None, "", f"the job file {exc}") from None
+    except OSError as exc:
+        raise JobSpecError(where, None, "", f"cannot read the job file: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise JobSpecError(where, line, "", f"not UTF-8 text (byte {data[exc.start]:#04x})",
+                           "a job file is YAML text in UTF-8") from None
+
+
 def job_from_command(command: list[str]) -> JobSpec:
-    """A job for ``clusterddp run [flags] -- train.py args``: torchrun style, no file."""
+    """A job for ``clusterddp run [flags] -- train.py args``: torchrun style, no file.
+
+    The command passes the same rules as a job file's ``script``/``module``/``args``."""
     if not command:
-        raise JobSpecError("<command line>", None, "", "nothing to run",
+        raise JobSpecError(COMMAND_LINE, None, "", "nothing to run",
                            "give a job file, or a script after '--'")
     if command[0] == "-m":
         if len(command) < 2:
-            raise JobSpecError("<command line>", None, "module", "'-m' needs a module name")
-        return JobSpec(name="cli", module=command[1], args=tuple(command[2:]))
-    return JobSpec(name=_default_name(command[0]), script=command[0], args=tuple(command[1:]))
+            raise JobSpecError(COMMAND_LINE, None, "module", "'-m' needs a module name")
+        _check_command("module", command[1], module_problem)
+        job = JobSpec(name="cli", module=command[1], args=tuple(command[2:]))
+    else:
+        _check_command("script", command[0], path_problem)
+        job = JobSpec(name=_default_name(command[0]), script=command[0], args=tuple(command[1:]))
+    for index, arg in enumerate(job.args):
+        _check_command(f"args[{index}]", arg, text_problem)
+    return job
+
+
+def _check_command(key: str, value: str, problem_of: Any) -> None:
+    problem = problem_of(value)
+    if problem:
+        raise JobSpecError(COMMAND_LINE, None, key, problem)
 
 
 def _keys(node: object) -> set[str]:
@@ -198,5 +213,5 @@ def _line_of(node: object, key: str) -> int | None:
 
 
 def _default_name(path: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(path).stem) or "job"
-    return stem if NAME_PATTERN.match(stem) else "job-" + stem
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(path).stem)[:64] or "job"
+    return stem if token_problem(stem) is None else "job-" + stem

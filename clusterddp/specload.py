@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Union
 import yaml
 
 from clusterddp.errors import JobSpecError
+from clusterddp.validate import MAX_YAML_DEPTH, control_problem, escape_controls, shown, text_problem
 
 #: Field metadata key: a function value -> error message (or None when the value is fine).
 CHECK = "check"
@@ -24,6 +25,15 @@ CHECK = "check"
 DOC = "doc"
 #: Field metadata key: set by the loader, never by the YAML (e.g. the file a spec came from).
 INTERNAL = "internal"
+#: Field metadata key: a check applied to each item of a list (or value of a mapping), so the
+#: error names ``args[3]`` and that item's line.
+EACH = "each"
+#: The only tags a job file may carry (the ones plain YAML resolves by itself). ``!foo`` or
+#: ``!!python/name:os.system`` is refused by name, never handed to a constructor.
+PLAIN_TAGS = frozenset("tag:yaml.org,2002:" + t for t in
+                       ("str", "int", "float", "bool", "null", "seq", "map", "timestamp"))
+#: Integers beyond a signed 64-bit value are typos or attacks (``nproc_per_node: 1e26`` as int).
+MAX_INT = (1 << 63) - 1
 
 
 def check(fn: Callable[[Any], str | None], doc: str = "") -> dict[str, Any]:
@@ -31,12 +41,16 @@ def check(fn: Callable[[Any], str | None], doc: str = "") -> dict[str, Any]:
     return {CHECK: fn, DOC: doc}
 
 
+def check_each(fn: Callable[[Any], str | None], doc: str = "") -> dict[str, Any]:
+    """Metadata for a list or mapping field whose every item (mapping: value) is checked."""
+    return {EACH: fn, DOC: doc}
+
+
 class NodeReader:
     """Builds dataclasses from YAML nodes of one file, remembering where each key was."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._constructor = yaml.constructor.SafeConstructor()
         #: Line of every key read, by dotted path: later checks (a missing interpreter, a
         #: scheduler's rule) still point at the line that set the value.
         self.lines: dict[str, int] = {}
@@ -47,6 +61,7 @@ class NodeReader:
 
     def build(self, cls: type, node: yaml.Node, key: str = "") -> Any:
         """Build dataclass ``cls`` from a mapping node; ``key`` is the dotted path so far."""
+        self._check_tag(node, key)
         if not isinstance(node, yaml.MappingNode):
             what = " for the job file" if not key else ""
             raise self.fail(node, key, f"expected a mapping{what}, got {_describe(node)}")
@@ -56,9 +71,10 @@ class NodeReader:
         seen: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
             name = self._scalar(key_node, key)
-            path = f"{key}.{name}" if key else str(name)
-            if not isinstance(name, str):
-                raise self.fail(key_node, path, "keys must be strings")
+            if not isinstance(name, str) or name not in fields and (control_problem(name) or len(name) > 64):
+                hint = "valid keys: " + ", ".join(sorted(fields))
+                raise self.fail(key_node, key, f"unknown key {shown(name)}", hint)
+            path = f"{key}.{name}" if key else name
             if name in seen:
                 raise self.fail(key_node, path, f"duplicate key (first given on line {seen[name].start_mark.line + 1})")
             seen[name] = key_node
@@ -68,11 +84,7 @@ class NodeReader:
                 hint = f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(fields))
                 raise self.fail(key_node, path, "unknown key", hint)
             value = self.convert(hints[name], value_node, path)
-            checker = fields[name].metadata.get(CHECK)
-            if checker is not None and value is not None:
-                problem = checker(value)
-                if problem:
-                    raise self.fail(value_node, path, problem)
+            self._apply_checks(fields[name].metadata, value, value_node, path)
             values[name] = value
         missing = [n for n, f in fields.items() if _required(f) and n not in values]
         if missing:
@@ -80,18 +92,44 @@ class NodeReader:
             raise self.fail(node, key, f"missing required key '{missing[0]}' in {where}")
         return cls(**values)
 
+    def _apply_checks(self, metadata: Any, value: Any, node: yaml.Node, path: str) -> None:
+        """The field's own check on the whole value, then its per-item check on each item."""
+        checker = metadata.get(CHECK)
+        if checker is not None and value is not None:
+            problem = checker(value)
+            if problem:
+                raise self.fail(node, path, problem)
+        each = metadata.get(EACH)
+        if each is None or value is None:
+            return
+        if isinstance(node, yaml.SequenceNode):
+            items = [(f"{path}[{i}]", item, n) for i, (item, n) in enumerate(zip(value, node.value))]
+        else:
+            items = [(f"{path}.{k.value}", value[k.value], v) for k, v in node.value]
+        for item_path, item, item_node in items:
+            problem = each(item)
+            if problem:
+                raise self.fail(item_node, item_path, problem)
+
+    def _check_tag(self, node: yaml.Node, path: str) -> None:
+        if node.tag not in PLAIN_TAGS:
+            tag = "merge key '<<'" if node.tag.endswith(":merge") else f"tag {shown(node.tag)}"
+            raise self.fail(node, path, f"YAML {tag} is not allowed in a job file",
+                            "write the plain value; job files use no tags, anchors are fine")
+
     def convert(self, hint: Any, node: yaml.Node, path: str) -> Any:
         """Convert one node to the Python type ``hint`` or raise naming ``path``."""
+        self._check_tag(node, path)
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
         if origin in (Union, types.UnionType):
             return self._convert_union(args, node, path)
         if origin is Literal:
             value = self._scalar(node, path)
-            if value not in args:
+            if not isinstance(value, str) or value not in args:
                 options = ", ".join(repr(a) for a in args)
-                close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-                raise self.fail(node, path, f"expected one of {options}, got {value!r}",
+                close = difflib.get_close_matches(str(value)[:64], [str(a) for a in args], n=1)
+                raise self.fail(node, path, f"expected one of {options}, got {shown(value)}",
                                 f"did you mean '{close[0]}'?" if close else None)
             return value
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
@@ -107,7 +145,12 @@ class NodeReader:
             for key_node, value_node in node.value:
                 name = self._scalar(key_node, path)
                 if not isinstance(name, str) or not name:
-                    raise self.fail(key_node, path, f"keys must be non-empty strings, got {name!r}")
+                    raise self.fail(key_node, path, f"keys must be non-empty strings, got {shown(name)}")
+                problem = control_problem(name) or text_problem(name, 128)
+                if problem:
+                    raise self.fail(key_node, path, f"key {shown(name)} {problem}")
+                if name in out:
+                    raise self.fail(key_node, f"{path}.{name}", "duplicate key")
                 out[name] = self.convert(args[1], value_node, f"{path}.{name}")
             return types.MappingProxyType(out)
         return self._convert_scalar(hint, node, path)
@@ -136,6 +179,8 @@ class NodeReader:
                 return value
         elif hint is int:
             if isinstance(value, int) and not isinstance(value, bool):
+                if abs(value) > MAX_INT:
+                    raise self.fail(node, path, f"integer out of range: {shown(node.value)} (at most 2**63-1)")
                 return value
         elif hint is float:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -144,30 +189,56 @@ class NodeReader:
             # Numbers are accepted where a string is expected (args: [--epochs, 2]); booleans
             # and nulls are not, because YAML's 'yes'/'no'/'~' would silently change meaning.
             if isinstance(value, str):
+                problem = text_problem(value)
+                if problem:
+                    raise self.fail(node, path, problem)
                 return value
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return node.value
             raise self.fail(node, path, f"expected a string, got {_describe(node)}",
-                            f"quote it: '{node.value}'")
+                            f"quote it: {shown(node.value)}")
         raise self.fail(node, path, f"expected {_type_name(hint)}, got {_describe(node)}")
 
     def _scalar(self, node: yaml.Node, path: str) -> Any:
+        self._check_tag(node, path)
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, path, f"expected a single value, got {_describe(node)}")
-        return self._constructor.construct_object(node, deep=True)
+        return _construct(node, lambda problem: self.fail(node, path, problem))
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer refuses nesting past MAX_YAML_DEPTH: PyYAML composes nodes by
+    recursion, so ``[[[[...`` 20,000 deep would end in a RecursionError traceback."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def compose(path: str, text: str) -> yaml.Node:
     """Parse YAML text into a node tree; syntax errors become one line with the position."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_BoundedLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        problem = exc.problem or exc.context or "invalid YAML"
+        problem = escape_controls(str(exc.problem or exc.context or "invalid YAML"))[:200]
         raise JobSpecError(path, line, "", f"invalid YAML: {problem}") from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise JobSpecError(path, line, "", f"invalid YAML: character {exc.character:#06x} is not allowed "
+                           "(control characters must be written as escapes in a quoted string)") from None
     except yaml.YAMLError as exc:
-        raise JobSpecError(path, None, "", f"invalid YAML: {exc}") from None
+        problem = escape_controls(str(exc).splitlines()[0] if str(exc) else "invalid YAML")[:200]
+        raise JobSpecError(path, None, "", f"invalid YAML: {problem}") from None
     if node is None:
         raise JobSpecError(path, None, "", "the job file is empty")
     return node
@@ -177,15 +248,29 @@ def _required(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
+def _construct(node: yaml.ScalarNode, fail: Callable[[str], JobSpecError]) -> Any:
+    """The Python value of a plain scalar; a value YAML cannot build (an integer of 5,000
+    digits, a bad timestamp) becomes ``fail``'s one-line error instead of a traceback."""
+    try:
+        return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+    except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
+        raise fail(f"cannot read the value {shown(node.value)}: {escape_controls(str(exc).splitlines()[0])[:120]}") from None
+
+
 def _describe(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    value = yaml.constructor.SafeConstructor().construct_object(node)
+    if node.tag not in PLAIN_TAGS:
+        return f"a value tagged {shown(node.tag)}"
+    try:
+        value = yaml.constructor.SafeConstructor().construct_object(node)
+    except (yaml.YAMLError, ValueError, OverflowError, TypeError):
+        return f"the value {shown(node.value)}"
     if value is None:
         return "nothing (null)"
-    return f"{type(value).__name__} {node.value!r}"
+    return f"{type(value).__name__} {shown(node.value)}"
 
 
 def _type_name(hint: Any) -> str:

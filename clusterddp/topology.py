@@ -18,6 +18,7 @@ from clusterddp.devices import cpu_count, gpu_count
 from clusterddp.envs.base import Placement
 from clusterddp.errors import EnvironmentDetectionError, LaunchError
 from clusterddp.spec import JobSpec
+from clusterddp.validate import nodes_problem, port_problem, workers_problem
 
 #: Derived master ports fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the well-known and
 #: registered ranges people configure by hand, below Linux's default ephemeral range (32768+),
@@ -121,6 +122,9 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str]) ->
     """Workers on this node: the job's number, else what the scheduler gave, else devices."""
     request = job.nproc_per_node
     if isinstance(request, int):
+        problem = workers_problem(request)
+        if problem:
+            raise LaunchError(f"{job.where('nproc_per_node')}: {problem}")
         return request
     if request == "cpu":
         return cpu_count()
@@ -129,6 +133,9 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str]) ->
         raise EnvironmentDetectionError("nproc_per_node is 'gpu' but this node has no visible GPU",
                                         "use 'auto' or a number to run on CPU slots")
     if placement.nproc_per_node:
+        problem = workers_problem(placement.nproc_per_node)
+        if problem:
+            raise EnvironmentDetectionError(f"{placement.env}: workers per node: {problem}")
         return placement.nproc_per_node
     return gpus or cpu_count()  # 'auto', as torchrun: GPUs if any, else CPU cores
 
@@ -144,6 +151,7 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
         raise EnvironmentDetectionError(
             f"{placement.env} says this job has {placement.nnodes} node(s) but --nnodes says {nnodes}",
             "drop --nnodes, or also give --node-rank and --master-addr to place this node by hand")
+    _check_placement(placement)
     nproc = resolve_nproc(job, placement, env)
     run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or _default_run_id(job, placement)
     addr = placement.master_addr or job.master.addr
@@ -154,12 +162,25 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
     port = master_port or placement.master_port or job.master.port
     if port is None:
         port = free_port() if placement.nnodes == 1 and _is_loopback(addr) else derive_port(run_id)
+    if port_problem(port):
+        raise EnvironmentDetectionError(f"{placement.env}: master port: {port_problem(port)}")
     gpus = gpu_count(env)
     backend = job.backend if job.backend != "auto" else ("nccl" if gpus > 0 else "gloo")
     return Topology(env=placement.env, nnodes=placement.nnodes, node_rank=placement.node_rank,
                     nproc_per_node=nproc, master_addr=addr, master_port=port, run_id=run_id,
                     backend=backend, host=socket.gethostname(), hosts=placement.hosts,
                     notes=placement.notes)
+
+
+def _check_placement(placement: Placement) -> None:
+    """The one place every environment's answer passes: node count and rank bounded, so a
+    typo like 10**26 nodes is one line instead of a loop (or a 700 MB dry run)."""
+    problem = nodes_problem(placement.nnodes)
+    if problem:
+        raise EnvironmentDetectionError(f"{placement.env}: number of nodes {problem}")
+    if not 0 <= placement.node_rank < placement.nnodes:
+        raise EnvironmentDetectionError(
+            f"{placement.env}: node rank {placement.node_rank} is outside 0..{placement.nnodes - 1}")
 
 
 def _default_run_id(job: JobSpec, placement: Placement) -> str:

@@ -15,6 +15,7 @@ import ipaddress
 import os
 import re
 import signal
+import stat
 import unicodedata
 
 #: A job file is a regular file of at most this many bytes (a FIFO would hang the reader,
@@ -213,6 +214,7 @@ def as_token(value: str) -> str:
         token = f"{token[:MAX_TOKEN_CHARS - 13]}-{digest}"
     return token
 
+
 #: A bearer token or other secret read from a file or a variable: at most this many characters.
 MAX_SECRET_CHARS = 16 << 10
 
@@ -236,3 +238,81 @@ def secret_problem(value: str, limit: int = MAX_SECRET_CHARS) -> str | None:
             return f"has a character that is not visible ASCII at character {index} (a blank, a control character)"
     return None
 
+
+# --- Files, paths and exec: the job file, the hostfile, what a worker is started with.
+
+#: YAML nesting a job file may use (the schema needs 4); deeper is an attack on the parser's
+#: recursion, not a job.
+MAX_YAML_DEPTH = 32
+#: A hostfile is a regular file of at most this many bytes (100k hosts of 10 characters).
+MAX_HOSTFILE_BYTES = 1 << 20
+#: Linux refuses one argv or environment string over 32 pages (MAX_ARG_STRLEN) with E2BIG.
+MAX_ARG_STRLEN = 32 * 4096
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def read_small_file(path: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. Opened without blocking and
+    checked on the open descriptor, so a FIFO cannot hang the reader and /dev/zero cannot fill
+    memory. Raises ValueError(problem) for the wrong kind or size, OSError as the OS says."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise ValueError(f"is {kind} (expected a regular file of at most {limit} bytes)")
+        if info.st_size > limit:
+            raise ValueError(f"is {info.st_size} bytes (at most {limit})")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # grew while we read it
+            raise ValueError(f"is over {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def path_problem(value: str) -> str | None:
+    """A file or directory name as written in a job or a flag: one non-empty bounded line."""
+    if not value:
+        return "must not be empty"
+    return line_problem(value)
+
+
+def module_problem(value: str) -> str | None:
+    """``module:``: a dotted Python module name, as ``python -m`` takes it."""
+    if len(value) <= MAX_TOKEN_CHARS * 4 and MODULE.fullmatch(value):
+        return None
+    return f"expected a dotted Python module name like 'pkg.train', got {shown(value)}"
+
+
+def exec_size_problem(argv: "list[str] | tuple[str, ...]", env: "dict[str, str]") -> str | None:
+    """Why exec would refuse this argv + environment with E2BIG; None when it fits. Names the
+    argument or variable at fault, never its value."""
+    total = 0
+    for index, arg in enumerate(argv):
+        size = len(os.fsencode(arg)) + 1
+        if size > MAX_ARG_STRLEN:
+            return f"argument {index} is {size - 1} bytes (exec refuses one over {MAX_ARG_STRLEN - 1})"
+        total += size + 8
+    for key, value in env.items():
+        size = len(os.fsencode(key)) + len(os.fsencode(value)) + 2
+        if size > MAX_ARG_STRLEN:
+            return f"variable {shown(key)} is {size - 2} bytes (exec refuses one over {MAX_ARG_STRLEN - 2})"
+        total += size + 8
+    limit = os.sysconf("SC_ARG_MAX") if hasattr(os, "sysconf") else 2 << 20
+    if total > limit - 4096:
+        return f"arguments and environment take {total} bytes (exec refuses over {limit - 4096})"
+    return None
+
+
+def escape_controls(text: str) -> str:
+    """A message made one line: each control character written as its escape (``\\n``)."""
+    if not any(is_control(c) for c in text):
+        return text
+    return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)

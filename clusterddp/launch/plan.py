@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 from typing import Mapping
 
@@ -16,6 +17,7 @@ from clusterddp.launch import bootstrap
 from clusterddp.launch.supervisor import HEARTBEAT_ENV, WorkerPlan
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology
+from clusterddp.validate import exec_size_problem, shown
 
 
 def interpreter(job: JobSpec) -> str:
@@ -60,20 +62,60 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
 
 
 def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
-    """Fail before starting anything when the interpreter or the workdir is missing."""
+    """Fail with one line, before any log file or process exists, when a worker could not
+    start: the interpreter (a bare name is looked up on the workers' PATH, as exec will), the
+    workdir, the script, the size of argv + environment (E2BIG), the log directory."""
     if not plans:
         return
-    python = plans[0].argv[0]
-    if os.sep in python and not os.access(python, os.X_OK):
-        raise LaunchError(f"{job.where('python')}: {python} is not an executable file")
-    if not os.path.isdir(plans[0].cwd):
-        raise LaunchError(f"{job.where('workdir')}: {plans[0].cwd} is not a directory")
+    first = plans[0]
+    _check_interpreter(job, first)
+    if not os.path.isdir(first.cwd):
+        raise LaunchError(f"{job.where('workdir')}: {shown(first.cwd, 200)} is not a directory")
+    if job.script is not None and not job.module:
+        script = os.path.join(first.cwd, job.script_path())
+        if not os.path.isfile(script):
+            raise LaunchError(f"{job.where('script')}: no such file: {shown(script, 200)}")
+    for plan in plans:
+        problem = exec_size_problem(plan.argv, plan.env)
+        if problem:
+            key = "args" if problem.startswith("argument") else "env"
+            raise LaunchError(f"{job.where(key)}: the worker cannot be started: {problem}")
+    _check_log_dir(job, os.path.dirname(first.log))
+
+
+def _check_interpreter(job: JobSpec, plan: WorkerPlan) -> None:
+    python = plan.argv[0]
+    if os.sep not in python:
+        found = shutil.which(python, path=plan.env.get("PATH", os.defpath))
+        if found is None:
+            raise LaunchError(f"{job.where('python')}: {shown(python)} is not on the workers' PATH",
+                              "give a path, or a name found on PATH")
+        python = found
+    if os.path.isdir(python):
+        raise LaunchError(f"{job.where('python')}: {shown(python, 200)} is a directory, not an interpreter")
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise LaunchError(f"{job.where('python')}: {shown(python, 200)} is not an executable file")
+
+
+def _check_log_dir(job: JobSpec, run_dir: str) -> None:
+    """The nearest existing ancestor of the run's log directory must be a writable directory."""
+    path = os.path.abspath(run_dir)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise LaunchError(f"{job.where('logs.dir')}: {shown(path, 200)} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LaunchError(f"{job.where('logs.dir')}: {shown(path, 200)} is not writable")
 
 
 def prepare_logs(plans: list[WorkerPlan]) -> None:
+    """Create the run's log directory and one empty log per rank (after every check passed)."""
     for plan in plans:
-        os.makedirs(os.path.dirname(plan.log), exist_ok=True)
-        open(plan.log, "wb").close()
+        try:
+            os.makedirs(os.path.dirname(plan.log), exist_ok=True)
+            open(plan.log, "wb").close()
+        except OSError as exc:
+            raise LaunchError(f"logs.dir: cannot create {shown(plan.log, 200)}: {exc.strerror}") from None
 
 
 def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base_env: Mapping[str, str]) -> str:

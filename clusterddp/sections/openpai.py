@@ -10,12 +10,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from clusterddp.specload import check
+from clusterddp.specload import check, check_each
+from clusterddp.validate import MAX_VALUE_CHARS, line_problem, shown
 
 #: OpenPAI's job-name pattern (protocol.js: ``^[a-zA-Z0-9_-]+$``, at most 255 characters).
-JOB_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+JOB_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,255}")
 #: Task-role keys and port labels (protocol.js: ``^[a-zA-Z_][a-zA-Z0-9_]*$``).
-IDENTIFIER_PATTERN = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+IDENTIFIER_PATTERN = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
+#: A Docker image reference: [registry[:port]/]name[:tag][@digest], no blanks.
+IMAGE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
 #: Port labels the REST server adds to every task role itself; a second one would clash.
 RESERVED_PORT_LABELS = ("ssh", "http")
 
@@ -29,21 +32,40 @@ def _positive(value: int) -> str | None:
 
 
 def _job_name(value: str) -> str | None:
-    if JOB_NAME_PATTERN.match(value):
+    if JOB_NAME_PATTERN.fullmatch(value):
         return None
-    return f"OpenPAI job names use letters, digits, '_' and '-' (at most 255), got {value!r}"
+    return f"OpenPAI job names use letters, digits, '_' and '-' (at most 255), got {shown(value)}"
 
 
 def _identifier(value: str) -> str | None:
-    if IDENTIFIER_PATTERN.match(value):
+    if IDENTIFIER_PATTERN.fullmatch(value):
         return None
-    return f"must match {IDENTIFIER_PATTERN.pattern} (letters, digits, '_'; no '-'), got {value!r}"
+    return f"must be letters, digits and '_', not starting with a digit (no '-'), got {shown(value)}"
 
 
 def _port_label(value: str) -> str | None:
     if value in RESERVED_PORT_LABELS:
-        return f"{value!r} is reserved: OpenPAI adds the ports 'ssh' and 'http' to every task itself"
+        return f"{shown(value)} is reserved: OpenPAI adds the ports 'ssh' and 'http' to every task itself"
     return _identifier(value)
+
+
+def _image(value: str) -> str | None:
+    if IMAGE_PATTERN.fullmatch(value):
+        return None
+    return f"not a Docker image reference: {shown(value)}"
+
+
+def _line(line: str) -> str | None:
+    problem = line_problem(line.replace("\t", " "), MAX_VALUE_CHARS)
+    return f"one shell line per entry: {problem}" if problem else None
+
+
+def _parameter_names(value: dict[str, str]) -> str | None:
+    for name in value:
+        problem = _identifier(name)
+        if problem:
+            return f"parameter name {problem}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,10 +77,10 @@ class OpenPAISpec:
     """
 
     #: Docker image every instance runs; required to render, not to run locally.
-    image: str | None = None
+    image: str | None = field(default=None, metadata=check(_image))
     #: OpenPAI job name (unique per user); default the job's ``name``.
     name: str | None = field(default=None, metadata=check(_job_name))
-    virtual_cluster: str = "default"
+    virtual_cluster: str = field(default="default", metadata=check(_identifier))
     task_role: str = field(default="worker", metadata=check(_identifier))
     #: The port label whose task-0 port becomes MASTER_PORT.
     port_label: str = field(default="SynPort", metadata=check(_port_label))
@@ -71,6 +93,6 @@ class OpenPAISpec:
     task_retry_count: int = field(default=0, metadata=check(_non_negative))
     job_retry_count: int = field(default=0, metadata=check(_non_negative))
     #: Shell lines run before ``clusterddp run`` (install, cd into the checkout...).
-    setup: tuple[str, ...] = ()
+    setup: tuple[str, ...] = field(default=(), metadata=check_each(_line))
     #: OpenPAI ``parameters:``, usable in setup lines as ``<% $parameters.NAME %>``.
-    parameters: dict[str, str] = field(default_factory=dict)
+    parameters: dict[str, str] = field(default_factory=dict, metadata=check(_parameter_names))

@@ -11,16 +11,19 @@ import re
 import signal as signals
 from dataclasses import dataclass, field
 
-from clusterddp.specload import check
+from clusterddp.specload import check, check_each
+from clusterddp.validate import MAX_VALUE_CHARS, line_problem, shown
 
 #: sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch.1).
-TIME = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
+TIME = re.compile(r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})")
 #: sbatch --mem: a number with an optional K/M/G/T unit (megabytes without one).
-MEM = re.compile(r"^\d+[KMGT]?$")
+MEM = re.compile(r"\d+[KMGT]?")
 #: sbatch --signal: [{R|B}:]<sig_name>[@sig_time]; only names, so the batch shell can trap it.
-SIGNAL = re.compile(r"^(?:([RB]{1,2}):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?$")
+SIGNAL = re.compile(r"(?:([RB]{1,2}):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?")
 #: One option value on an #SBATCH line: sbatch splits those lines at blanks.
-OPTION_VALUE = re.compile(r"^[^\s'\"]+$")
+OPTION_VALUE = re.compile(r"[^\s'\"]+")
+#: One extra sbatch option: ``--name`` or ``--name=value`` (or ``-X value``), one line.
+EXTRA_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(?:[= ][^\s].*)?")
 
 
 def _positive(value: int) -> str | None:
@@ -33,45 +36,44 @@ def _non_negative(value: int) -> str | None:
 
 def _matches(pattern: re.Pattern[str], example: str):  # type: ignore[no-untyped-def]
     def checker(value: str) -> str | None:
-        return None if pattern.match(value) else f"invalid value {value!r} (expected e.g. {example})"
+        if len(value) <= 64 and pattern.fullmatch(value):
+            return None
+        return f"invalid value {shown(value)} (expected e.g. {example})"
     return checker
 
 
 def _option(value: str) -> str | None:
-    if OPTION_VALUE.match(value):
+    if len(value) <= 4096 and OPTION_VALUE.fullmatch(value) and not line_problem(value) and value[0] != "-":
         return None
-    return f"invalid value {value!r}: must be non-empty, without blanks or quotes"
+    return f"invalid value {shown(value)}: must be non-empty, one word without blanks, quotes, control characters or a leading '-'"
 
 
 def _signal(value: str) -> str | None:
-    match = SIGNAL.match(value)
+    match = SIGNAL.fullmatch(value) if len(value) <= 64 else None
     if match is None:
-        return f"invalid value {value!r} (expected [B:]NAME[@SECONDS], e.g. B:USR1@90)"
-    if not hasattr(signals, "SIG" + match.group(2)):
-        return f"unknown signal {match.group(2)!r} in {value!r} (use a name such as USR1 or TERM)"
+        return f"invalid value {shown(value)} (expected [B:]NAME[@SECONDS], e.g. B:USR1@90)"
+    if not isinstance(getattr(signals, "SIG" + match.group(2), None), signals.Signals):
+        return f"unknown signal {shown(match.group(2))} in {shown(value)} (use a name such as USR1 or TERM)"
     return None
 
 
-def _extra(value: tuple[str, ...]) -> str | None:
-    for line in value:
-        option = line.strip()
-        if option.startswith("#SBATCH"):
-            option = option[len("#SBATCH"):].strip()
-        if not option.startswith("-") or "\n" in option:
-            return f"invalid sbatch option {line!r} (expected e.g. '--mail-type=END')"
+def _extra(line: str) -> str | None:
+    option = line.strip()
+    if option.startswith("#SBATCH"):
+        option = option[len("#SBATCH"):].strip()
+    if line_problem(line, 4096) or not EXTRA_OPTION.fullmatch(option):
+        return f"invalid sbatch option {shown(line)} (expected one option on one line, e.g. '--mail-type=END')"
     return None
 
 
-def _lines(value: tuple[str, ...]) -> str | None:
-    for line in value:
-        if "\n" in line:
-            return f"one shell line per entry, got {line!r}"
-    return None
+def _line(line: str) -> str | None:
+    problem = line_problem(line.replace("\t", " "), MAX_VALUE_CHARS)
+    return f"one shell line per entry: {problem}" if problem else None
 
 
 def signal_name(spec: str) -> str:
     """The signal's name without 'SIG' (``"B:USR1@90"`` -> ``"USR1"``), for the shell's trap."""
-    match = SIGNAL.match(spec)
+    match = SIGNAL.fullmatch(spec)
     if match is None:
         raise ValueError(f"invalid signal spec {spec!r}")
     return match.group(2)
@@ -79,7 +81,7 @@ def signal_name(spec: str) -> str:
 
 def signals_batch_shell(spec: str) -> bool:
     """True when ``--signal`` goes to the batch shell (``B:``), which then forwards it."""
-    match = SIGNAL.match(spec)
+    match = SIGNAL.fullmatch(spec)
     return bool(match and match.group(1) and "B" in match.group(1))
 
 
@@ -103,6 +105,6 @@ class SlurmSpec:
     requeue: bool = True
     #: sbatch --signal; null sends none. B: sends it to the batch shell, which forwards it.
     signal: str | None = field(default="B:USR1@90", metadata=check(_signal))
-    extra_sbatch: tuple[str, ...] = field(default=(), metadata=check(_extra))
+    extra_sbatch: tuple[str, ...] = field(default=(), metadata=check_each(_extra))
     #: Shell lines run in the batch script before the launcher (module load, venv activate).
-    setup: tuple[str, ...] = field(default=(), metadata=check(_lines))
+    setup: tuple[str, ...] = field(default=(), metadata=check_each(_line))

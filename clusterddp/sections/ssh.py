@@ -10,26 +10,43 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from clusterddp.specload import check
+from clusterddp.errors import HostlistError
+from clusterddp.specload import check, check_each
+from clusterddp.validate import path_problem, port_problem, positive_problem, shown
+
+ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\*?")
+INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+#: A user name for ssh: POSIX portable names (a leading '-' would read as an option).
+USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
-def _port(value: int) -> str | None:
-    return None if 1 <= value <= 65535 else f"port must be 1-65535, got {value}"
-
-
-def _positive(value: float) -> str | None:
-    return None if value > 0 else f"must be > 0, got {value}"
-
-
-def _env_patterns(value: tuple[str, ...]) -> str | None:
-    for pattern in value:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\*?$", pattern):
-            return f"expected variable names or prefixes like 'WANDB_*', got {pattern!r}"
-    return None
+def _env_pattern(pattern: str) -> str | None:
+    if ENV_PATTERN.fullmatch(pattern):
+        return None
+    return f"expected variable names or prefixes like 'WANDB_*', got {shown(pattern)}"
 
 
 def _interface(value: str) -> str | None:
-    return None if re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", value) else f"not an interface name: {value!r}"
+    return None if INTERFACE.fullmatch(value) else f"not an interface name: {shown(value)}"
+
+
+def _user(value: str) -> str | None:
+    return None if USER.fullmatch(value) else f"not a user name: {shown(value)}"
+
+
+def _host(spec: str) -> str | None:
+    """One ``ssh.hosts`` entry, by the hostfile's own rules (imported late: no cycle)."""
+    from clusterddp.hostfile import entries_from_list
+
+    try:
+        entries_from_list([spec], "")
+    except HostlistError as exc:
+        return exc.message.partition(": ")[2] or exc.message
+    return None
+
+
+def _parallel(value: int) -> str | None:
+    return None if 1 <= value <= 4096 else f"must be 1-4096, got {value}"
 
 
 @dataclass(frozen=True)
@@ -37,23 +54,23 @@ class SSHSpec:
     """Hosts and connection settings for SSH fan-out."""
 
     #: Hosts in hostfile syntax ('node1', 'node1 slots=2', 'node1:2'); or give ``hostfile``.
-    hosts: tuple[str, ...] = ()
-    hostfile: str | None = None
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = field(default=(), metadata=check_each(_host))
+    hostfile: str | None = field(default=None, metadata=check(path_problem))
+    include: tuple[str, ...] = field(default=(), metadata=check_each(path_problem))
+    exclude: tuple[str, ...] = field(default=(), metadata=check_each(path_problem))
     #: None: from ssh_config, else the head's user / port 22 / the default keys and the agent.
-    user: str | None = None
-    port: int | None = field(default=None, metadata=check(_port))
-    identity_file: str | None = None
-    config_file: str | None = None
+    user: str | None = field(default=None, metadata=check(_user))
+    port: int | None = field(default=None, metadata=check(port_problem))
+    identity_file: str | None = field(default=None, metadata=check(path_problem))
+    config_file: str | None = field(default=None, metadata=check(path_problem))
     #: None: ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts (+ /etc/ssh/ssh_known_hosts).
-    known_hosts: str | None = None
+    known_hosts: str | None = field(default=None, metadata=check(path_problem))
     #: Like OpenSSH's StrictHostKeyChecking=accept-new: unknown keys are added, changed keys refused.
     accept_new_host_keys: bool = False
-    connect_timeout: float = field(default=10.0, metadata=check(_positive))
+    connect_timeout: float = field(default=10.0, metadata=check(positive_problem))
     #: Head variables forwarded besides the built-in allow-list (names, or prefixes ending in '*').
-    env_allow: tuple[str, ...] = field(default=(), metadata=check(_env_patterns))
+    env_allow: tuple[str, ...] = field(default=(), metadata=check_each(_env_pattern))
     #: Network interface for GLOO/NCCL_SOCKET_IFNAME on every host; None: detected per host.
     interface: str | None = field(default=None, metadata=check(_interface))
     #: Connections opened at once (each host's session lives for the whole job regardless).
-    parallel: int = field(default=64, metadata=check(_positive))
+    parallel: int = field(default=64, metadata=check(_parallel))

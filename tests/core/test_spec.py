@@ -37,7 +37,7 @@ MALFORMED = [
     ("master_scalar", "master: 10.0.0.1\n", "master: expected a mapping", 2),
     ("restarts_negative", "restarts: -1\n", "restarts: must be >= 0, got -1", 2),
     ("grace_negative", "grace_period: -3\n", "grace_period: must be >= 0", 2),
-    ("forward_signal_unknown", "forward_signals: [SIGFOO]\n", "forward_signals: unknown signal 'SIGFOO'", 2),
+    ("forward_signal_unknown", "forward_signals: [SIGFOO]\n", "forward_signals[0]: unknown signal 'SIGFOO'", 2),
     ("hang_timeout_zero", "hang_timeout: 0\n", "hang_timeout: must be > 0", 2),
     ("logs_ranks_words", "logs:\n  ranks: [zero]\n", "logs.ranks[0]: expected an integer", 3),
     ("logs_prefix_string", "logs:\n  prefix: maybe\n", "logs.prefix: expected true/false", 3),
@@ -48,7 +48,7 @@ MALFORMED = [
     ("slurm_extra_scalar", "slurm:\n  extra_sbatch: --foo\n", "slurm.extra_sbatch: expected a list", 3),
     ("openpai_cpu_negative", "openpai:\n  cpu: -1\n", "openpai.cpu: must be > 0", 3),
     ("duplicate_key", "nodes: 1\nnodes: 2\n", "nodes: duplicate key (first given on line 2)", 3),
-    ("name_bad", "name: 'my job!'\n", "name: must match", 2),
+    ("name_bad", "name: 'my job!'\n", "name: must be a name of letters", 2),
     ("section_list", "ssh: [a, b]\n", "ssh: expected a mapping, got a list", 2),
     ("python_number", "python: [python3]\n", "python: expected a string, got a list", 2),
     ("internal_key", "source: x.yaml\n", "source: unknown key", 2),
@@ -164,8 +164,8 @@ def test_malformed_table_is_large_enough() -> None:
 
 
 @pytest.mark.parametrize("body,expected", [
-    ("name: x\npython: /no/such/python\n", ":3: python: /no/such/python is not an executable file"),
-    ("name: x\nworkdir: /no/such/dir\n", ":3: workdir: /no/such/dir is not a directory"),
+    ("name: x\npython: /no/such/python\n", ":3: python: '/no/such/python' is not an executable file"),
+    ("name: x\nworkdir: /no/such/dir\n", ":3: workdir: '/no/such/dir' is not a directory"),
 ])
 def test_checks_after_loading_still_name_the_line(tmp_path: Path, body: str, expected: str) -> None:
     """A value that parses but cannot be used (missing interpreter, workdir) names its line; nothing starts."""
