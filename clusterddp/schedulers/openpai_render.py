@@ -109,6 +109,7 @@ def _parameters(values: Mapping[str, str], where: str) -> str:
 def _check_gpus(job: JobSpec, where: str) -> None:
     """A GPU job must ask OpenPAI for GPUs: otherwise the container has none and nccl fails."""
     gpu, nproc = job.openpai.gpu, job.nproc_per_node
+    q.integer(gpu, where, "openpai.gpu")
     if gpu == 0 and (job.backend == "nccl" or nproc == "gpu"):
         why = "backend is nccl" if job.backend == "nccl" else "nproc_per_node is 'gpu'"
         raise JobSpecError(where, None, "openpai.gpu", f"is 0 but the {why}",

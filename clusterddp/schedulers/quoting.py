@@ -19,7 +19,7 @@ import re
 import shlex
 
 from clusterddp.errors import JobSpecError
-from clusterddp.validate import (MAX_VALUE_CHARS, control_problem, env_name_problem, one_line_problem,
+from clusterddp.validate import (ECHO_CHARS, MAX_VALUE_CHARS, control_problem, env_name_problem, is_control, one_line_problem,
                                  shown, text_problem, token_problem)
 
 #: Directive values written bare: nothing sbatch's parser or getopt would read differently.
@@ -33,7 +33,8 @@ EXTRA_OPTION = re.compile(r"(--[a-z][a-z0-9-]*)(?:[= ][ \t]*(.*))?|(-[A-Za-z])(?
 def place(job_source: str | None, job_path: str) -> str:
     """Where errors say they come from: the job file's name, escaped when it is not one line."""
     where = job_source or job_path
-    return where if isinstance(where, str) and not control_problem(where) else shown(where)
+    plain = isinstance(where, str) and len(where) <= 4 * ECHO_CHARS and not control_problem(where)
+    return where if plain else shown(where)
 
 
 def fail(where: str, key: str, problem: str, hint: str | None = None) -> JobSpecError:
@@ -76,16 +77,26 @@ def path_word(value: str, where: str, key: str) -> str:
 
 
 def shell_word(value: str, where: str, key: str) -> str:
-    """Any text as one bash word (``shlex.quote`` is exact); NUL and CR LF are refused because
-    sbatch refuses a script holding them."""
+    """Any text as one bash word on one line: ``shlex.quote`` when it has no control
+    character, else bash's ``$'...'`` with every byte outside printable ASCII as ``\\xHH``
+    (exact in any locale), so no line of the script ever holds part of a value. NUL is
+    refused: no process argument or variable can hold it."""
     if not isinstance(value, str):
         raise fail(where, key, f"must be a string, got {type(value).__name__}")
     problem = text_problem(value)
-    if problem is None and "\r\n" in value:
-        problem = "contains a CR LF line break, which makes sbatch refuse the whole script"
     if problem:
         raise fail(where, key, problem)
-    return shlex.quote(value)
+    if not any(is_control(char) for char in value):
+        return shlex.quote(value)
+    out = []
+    for char in value:
+        if char in "\\'":
+            out.append("\\" + char)
+        elif " " <= char <= "~":
+            out.append(char)
+        else:
+            out.extend(f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape"))
+    return "$'" + "".join(out) + "'"
 
 
 def env_name(name: str, where: str, key: str) -> str:
