@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from clusterddp.errors import JobSpecError
-from clusterddp.validate import env_name_problem, shown
+from clusterddp.validate import env_name_problem
 
 #: What a secret is replaced with in any printed text.
 MASK = "***"
@@ -61,7 +61,7 @@ def passthrough_env(names: Iterable[str], environ: Mapping[str, str], where: str
             raise JobSpecError(where, None, key, f"{name} is also set in env:",
                                "keep a secret in env_passthrough only, and its value out of the job file")
         if name not in environ:
-            raise JobSpecError(where, None, key, f"{shown(name)} is not set in the launcher's environment",
+            raise JobSpecError(where, None, key, f"{name} is not set in the launcher's environment",
                                f"export {name} before starting clusterddp, or remove it from env_passthrough")
         values[name] = environ[name]
         register(environ[name])
