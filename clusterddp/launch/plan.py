@@ -78,7 +78,7 @@ def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
     for plan in plans:
         problem = exec_size_problem(plan.argv, plan.env)
         if problem:
-            key = "args" if problem.startswith("argument") else "env"
+            key = "args" if problem.startswith("argument ") else "env"
             raise LaunchError(f"{job.where(key)}: the worker cannot be started: {problem}")
     _check_log_dir(job, os.path.dirname(first.log))
 
@@ -129,7 +129,10 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
     lines.extend(f"note: {note}" for note in topology.notes)
     lines.append("")
     lines.append(f"{'node rank':>9}  {'host':<24} global ranks")
-    for node in range(topology.nnodes):
+    for node in _table_nodes(topology):
+        if node < 0:
+            lines.append(f"{'...':>9}  ({topology.nnodes} nodes in all; first, this and last shown)")
+            continue
         host = topology.hosts[node] if node < len(topology.hosts) else (
             topology.host if node == topology.node_rank else "?")
         ranks = topology.node_ranks(node)
@@ -145,3 +148,16 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
                 lines.append(f"  {key}={plan.env[key]}")
     return "\n".join(lines)
 
+
+def _table_nodes(topology: Topology, shown_nodes: int = 16) -> list[int]:
+    """The node rows of the dry run's table: all of a small job; of a large one the first
+    few, this node and the last, with -1 where rows are left out (bounded output)."""
+    if topology.nnodes <= shown_nodes:
+        return list(range(topology.nnodes))
+    keep = sorted({*range(shown_nodes // 2), topology.node_rank, topology.nnodes - 1})
+    rows: list[int] = []
+    for node in keep:
+        if rows and node != rows[-1] + 1:
+            rows.append(-1)
+        rows.append(node)
+    return rows
