@@ -57,7 +57,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
     """``SLURM_TASKS_PER_NODE``-style counts per node: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
     counts: list[int] = []
     for part in text.strip().split(","):
-        match = _TASKS.match(part.strip())
+        match = _TASKS.fullmatch(part.strip())
         if match is None:
             raise HostlistError(f"invalid tasks-per-node list {shown(text)}: bad entry {shown(part)}",
                                 "expected entries like '2' or '2(x3)' separated by commas")
@@ -128,7 +128,7 @@ def _parse_group(group: str, token: str, text: str) -> list[str]:
     numbers: list[str] = []
     for item in group.split(","):
         low_text, dash, high_text = item.partition("-")
-        if not _BOUND.match(low_text) or (dash and not _BOUND.match(high_text)):
+        if not _BOUND.fullmatch(low_text) or (dash and not _BOUND.fullmatch(high_text)):
             raise HostlistError(f"invalid hostlist {shown(text)}: bad range {shown(item)} in {shown(token)}",
                                 "ranges look like 'n[1-4]', 'n[01,07-09]'")
         low = int(low_text)

@@ -94,7 +94,7 @@ def base_url(url: str) -> str:
 
 
 def check_job_id(job_id: str) -> str:
-    if not JOB_ID.match(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise SubmitError(f"not an OpenPAI job id: {job_id!r}", "job ids look like USER~JOBNAME")
     return job_id
 
