@@ -20,8 +20,8 @@ from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.sections.ssh import SSHSpec
 from clusterddp.specload import INTERNAL, NodeReader, check, check_each, compose
 from clusterddp.validate import (env_name_problem, host_problem, module_problem, nodes_problem,
-                                 non_negative_problem, path_problem, port_problem, positive_problem,
-                                 shown, signal_problem, text_problem, token_problem, workers_problem)
+                                 non_negative_problem, path_problem, port_problem, positive_seconds_problem,
+                                 seconds_problem, shown, signal_problem, text_problem, token_problem, workers_problem)
 
 NprocPerNode = Union[int, Literal["auto", "gpu", "cpu"]]
 #: Kept for callers that build names; the rule itself is ``validate.token_problem`` (fullmatch).
@@ -85,9 +85,9 @@ class JobSpec:
     python: str | None = field(default=None, metadata=check(path_problem))
     master: MasterSpec = field(default_factory=MasterSpec)
     restarts: int = field(default=0, metadata=check(non_negative_problem))
-    grace_period: float = field(default=5.0, metadata=check(non_negative_problem))
+    grace_period: float = field(default=5.0, metadata=check(seconds_problem))
     forward_signals: tuple[str, ...] = field(default=("SIGUSR1", "SIGUSR2"), metadata=check_each(signal_problem))
-    hang_timeout: float | None = field(default=None, metadata=check(positive_problem))
+    hang_timeout: float | None = field(default=None, metadata=check(positive_seconds_problem))
     logs: LogsSpec = field(default_factory=LogsSpec)
     ssh: SSHSpec = field(default_factory=SSHSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)

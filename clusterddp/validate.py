@@ -316,3 +316,21 @@ def escape_controls(text: str) -> str:
     if not any(is_control(c) for c in text):
         return text
     return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)
+
+
+#: Durations (grace period, hang timeout, connect timeout) at most this many seconds (~115
+#: days): past threading.TIMEOUT_MAX a wait raises OverflowError mid-teardown.
+MAX_SECONDS = 10_000_000
+
+
+def seconds_problem(value: float, zero_ok: bool = True) -> str | None:
+    """A duration in seconds: finite, >= 0 (> 0 unless ``zero_ok``), at most MAX_SECONDS."""
+    problem = non_negative_problem(value) if zero_ok else positive_problem(value)
+    if problem is None and value > MAX_SECONDS:
+        return f"must be at most {MAX_SECONDS} seconds, got {value}"
+    return problem
+
+
+def positive_seconds_problem(value: float) -> str | None:
+    """A duration that must be > 0 (a timeout)."""
+    return seconds_problem(value, zero_ok=False)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from clusterddp.errors import HostlistError
 from clusterddp.specload import check, check_each
-from clusterddp.validate import path_problem, port_problem, positive_problem, shown
+from clusterddp.validate import path_problem, port_problem, positive_seconds_problem, shown
 
 ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\*?")
 INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
@@ -67,7 +67,7 @@ class SSHSpec:
     known_hosts: str | None = field(default=None, metadata=check(path_problem))
     #: Like OpenSSH's StrictHostKeyChecking=accept-new: unknown keys are added, changed keys refused.
     accept_new_host_keys: bool = False
-    connect_timeout: float = field(default=10.0, metadata=check(positive_problem))
+    connect_timeout: float = field(default=10.0, metadata=check(positive_seconds_problem))
     #: Head variables forwarded besides the built-in allow-list (names, or prefixes ending in '*').
     env_allow: tuple[str, ...] = field(default=(), metadata=check_each(_env_pattern))
     #: Network interface for GLOO/NCCL_SOCKET_IFNAME on every host; None: detected per host.

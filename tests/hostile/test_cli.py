@@ -226,3 +226,50 @@ def test_environment_too_large_for_exec_is_one_line_before_anything(tmp_path: Pa
         planning.check_runnable(job, plans)
     assert str(info.value).startswith(f"{path}:4: env: the worker cannot be started: arguments and environment take")
     assert not (tmp_path / "logs").exists()
+
+
+# --- Properties: any text as a hostfile, any string in any flag.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from clusterddp import validate  # noqa: E402
+from clusterddp.errors import ClusterDDPError, HostlistError  # noqa: E402
+from clusterddp.hostfile import parse_hostfile  # noqa: E402
+
+_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                              HealthCheck.function_scoped_fixture])
+
+
+@_SETTINGS
+@given(st.text(max_size=300))
+def test_any_hostfile_text_is_hosts_or_one_line(text: str) -> None:
+    """Arbitrary hostfile text gives entries with clean host names, or one HostlistError naming hosts.txt:line."""
+    try:
+        entries = parse_hostfile(text, "hosts.txt")
+    except HostlistError as exc:
+        assert str(exc).startswith("hosts.txt:") and validate.control_problem(str(exc)) is None, repr(str(exc))
+        return
+    for entry in entries:
+        assert validate.control_problem(entry.host) is None and not entry.host.startswith("-")
+        assert entry.slots is None or 1 <= entry.slots <= validate.MAX_WORKERS_PER_NODE
+
+
+_FLAGS = ["--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--run-id",
+          "--restarts", "--grace-period", "--log-ranks", "--heartbeat-timeout"]
+
+
+@_SETTINGS
+@given(st.sampled_from(_FLAGS), st.text(max_size=40) | st.sampled_from(["1e999", "nan", "-0", "99999999999999999999"]))
+def test_any_flag_value_is_used_or_one_line(job: Path, capsys: pytest.CaptureFixture[str], flag: str,
+                                            value: str) -> None:
+    """Any string in any placement or supervision flag: a dry run (exit 0) or one error line (exit 2), never a traceback."""
+    try:
+        code = cli_module.main(["run", str(job), f"{flag}={value}", "--dry-run"])
+    except ClusterDDPError:  # pragma: no cover - main catches these; reaching here is the failure
+        raise
+    err = capsys.readouterr().err
+    assert code in (0, 2), (code, err)
+    if code == 2:
+        assert err.startswith("clusterddp: error: ") and err.count("\n") == 1, err
+    assert not (job.parent / "logs").exists()
