@@ -1,9 +1,9 @@
 """Is the job hung, and who is holding it? Pure functions over progress times and stacks.
 
 Progress is any sign of life of a rank: a line printed, or ``clusterddp.train.heartbeat()``
-touching its file. The clock starts at the first sign of life of any rank, so start-up
-(importing torch, preparing data) never counts as a hang; from then on a rank silent since
-then counts as stalled from that moment.
+touching its file. The job is stalled for as long as its most recently active live rank has
+been silent; a rank that has shown no life at all counts from the start of the attempt, so
+``hang_timeout`` must exceed the silent part of start-up (importing torch, preparing data).
 """
 
 from __future__ import annotations
@@ -43,12 +43,18 @@ def last_progress(lives: list[RankLife], since: float) -> dict[int, float | None
     return progress
 
 
-def stalled_for(progress: Mapping[int, float | None], now: float) -> float | None:
-    """Seconds since any rank last made progress; None before the first sign of life."""
-    seen = [t for t in progress.values() if t is not None]
-    if not seen:
+def stalled_for(progress: Mapping[int, float | None], now: float, since: float | None = None) -> float | None:
+    """Seconds since any rank last made progress.
+
+    A rank with no sign of life yet counts from ``since`` (the supervisor passes the start of
+    the attempt): otherwise a rank that never printed, left alone by peers that exited, would
+    never count as hung. Without ``since``: None before the first sign of life.
+    """
+    seen = [t if t is not None else since for t in progress.values()]
+    known = [t for t in seen if t is not None]
+    if not known:
         return None
-    return now - max(seen)
+    return now - max(known)
 
 
 def culprit(progress: Mapping[int, float | None], where: Mapping[int, RankWhere]) -> str:

@@ -10,6 +10,7 @@ from typing import Mapping
 
 from clusterddp.envs import Overrides, detect
 from clusterddp.launch import plan as planning
+from clusterddp.launch.logs import say
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
@@ -67,7 +68,7 @@ def run_local(job: JobSpec, overrides: Overrides, args: argparse.Namespace, env:
         check_port_free("", topology.master_port)
     planning.prepare_logs(plans)
     for note in topology.notes:
-        print(f"clusterddp: note: {note}", file=sys.stderr)
+        say(f"clusterddp: note: {note}")  # a closed console must not stop the job
     options = supervisor_options(job, args, planning.run_dir(job, topology, cwd))
     return LocalSupervisor(topology, plans, options).run()
 

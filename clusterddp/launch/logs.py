@@ -1,24 +1,67 @@
-"""Worker output: every line to the rank's log file and, optionally, to the console with a prefix.
+"""Worker output: the raw bytes to the rank's log file, visible whole lines to the console.
 
-One reader thread per pipe, reading whole lines with ``readline`` on the binary pipe, so no
-line is split or interleaved with another rank's, and a fast printer only ever waits on
-the pipe buffer (64 KiB), not on the console.
+One reader thread per pipe reads it in chunks (``os.read``, 64 KiB) and never stops reading
+until the worker closes it, whatever happens to the log file or the console, because a pipe
+nobody drains blocks the worker (and then the whole job) on its next print.
+
+- Lines up to ``LINE_LIMIT`` bytes are never split or mixed with another stream's line, in
+  the file or on the console. A longer line streams to the file in pieces as it arrives (its
+  bytes unchanged) and is cut on the console with a marker, so memory stays bounded whatever
+  a worker prints (a 400 MB line costs the launcher no more than a short one).
+- A log file that cannot be written (ENOSPC, EIO, EROFS, any OSError) switches that rank to
+  the console only, with one warning; the stderr tail for the report is kept in memory anyway.
+- On the console, control characters (ESC, so CSI/OSC sequences, BEL, CR, backspace, C1
+  controls...) are shown escaped (``\\x1b``), tabs kept: a worker cannot move the cursor, retitle
+  the terminal or hide text. The log file keeps the raw bytes.
+- A console that went away (``| head``, a closed terminal) is dropped silently: it never stops
+  the job nor changes the exit code.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import IO, Deque, TextIO
 
+from clusterddp.validate import shown
+
 #: Lines of stderr kept per worker for the root-cause report.
 TAIL_LINES = 20
+#: Characters of one stderr line kept for the report (a bounded prefix of a longer line).
+TAIL_LINE_CHARS = 2000
+#: Bytes read from a pipe at once.
+CHUNK = 64 << 10
+#: Longest line kept whole: unsplit in the file, uncut on the console.
+LINE_LIMIT = 64 << 10
+_CUT_MARK = b" [... line cut at 64 KiB; the log file has it whole]"
+_CUT_MARK_NO_LOG = b" [... line cut at 64 KiB]"
 
 _COLOURS = (b"\033[36m", b"\033[32m", b"\033[33m", b"\033[35m", b"\033[34m", b"\033[31m")
 _RESET = b"\033[0m"
+#: C0 controls but tab and newline, DEL, and C1 controls (U+0080-U+009F) encoded in UTF-8.
+_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
+
+
+def _escape(match: re.Match[bytes]) -> bytes:
+    char = match.group()
+    if char == b"\r":
+        return b"\\r"
+    return b"\\x%02x" % (char[-1] if len(char) == 2 else char[0])
+
+
+def visible(data: bytes) -> bytes:
+    """``data`` with every terminal control character shown escaped (tab and newline kept)."""
+    return _CONTROL.sub(_escape, data)
+
+
+def visible_text(text: str) -> str:
+    """``visible`` for text (report lines read from a worker's error file or stderr)."""
+    return visible(text.encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
 
 
 def use_colour(stream: TextIO) -> bool:
@@ -33,13 +76,16 @@ def use_colour(stream: TextIO) -> bool:
 
 @dataclass
 class ConsoleSink:
-    """The launcher's stdout/stderr, shared by all reader threads under one lock."""
+    """The launcher's stdout/stderr, shared by all reader threads (and the launcher's own
+    messages) under one lock; a stream that failed once is not written again."""
 
     prefix: bool = True
     ranks: frozenset[int] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     colour_out: bool = field(default_factory=lambda: use_colour(sys.stdout))
     colour_err: bool = field(default_factory=lambda: use_colour(sys.stderr))
+    #: Streams (True: stderr) that raised on write: gone, never written again.
+    closed: set[bool] = field(default_factory=set)
 
     def shows(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -53,15 +99,67 @@ class ConsoleSink:
         return text
 
     def write(self, label: bytes, line: bytes, stderr: bool) -> None:
-        stream = sys.stderr.buffer if stderr else sys.stdout.buffer
+        """One line (or several, each ending in a newline) with ``label`` before each."""
         if not line.endswith(b"\n"):
             line += b"\n"
+        if label:
+            line = b"".join(label + part + b"\n" for part in line[:-1].split(b"\n"))
+        self.raw(line, stderr)
+
+    def say(self, text: str, stderr: bool = True) -> None:
+        """The launcher's own message (report, warning, note): one or more whole lines."""
+        self.raw(text.encode("utf-8", "replace") + b"\n", stderr)
+
+    def raw(self, data: bytes, stderr: bool) -> None:
         with self.lock:
+            if stderr in self.closed:
+                return
+            text = sys.stderr if stderr else sys.stdout
             try:
-                stream.write(label + line)
-                stream.flush()
-            except (BrokenPipeError, ValueError):
-                pass  # the console went away (head's pipe closed); the log file still has it
+                text.flush()  # anything print() left in the text layer goes first
+                text.buffer.write(data)
+                text.buffer.flush()
+            except (OSError, ValueError, AttributeError):
+                self.closed.add(stderr)  # the console went away; the log files still have it
+
+    def settle(self) -> None:
+        """Before the launcher exits: a console that went away must not turn Python's
+        exit-time flush into an error (exit 120) nor a BrokenPipeError (exit 141)."""
+        with self.lock:
+            for stderr, stream in ((False, sys.stdout), (True, sys.stderr)):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    self.closed.add(stderr)
+                if stderr in self.closed:
+                    _to_devnull(stream)
+
+
+def say(text: str) -> None:
+    """A launcher message on stderr before supervision starts (notes): a console that went
+    away is not an error, and never keeps the job from starting."""
+    ConsoleSink(prefix=False).say(text)
+
+
+def _to_devnull(stream: TextIO) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+        stream.flush()  # what the text layer still holds goes to /dev/null now
+    except (OSError, ValueError):
+        pass
+
+
+@dataclass
+class _Stream:
+    """One pipe's reading state: the incomplete last line, bounded by LINE_LIMIT."""
+
+    is_err: bool
+    label: bytes
+    pending: bytearray = field(default_factory=bytearray)
+    #: In the middle of a line longer than LINE_LIMIT: its rest goes to the file only.
+    overlong: bool = False
 
 
 class WorkerOutput:
@@ -73,38 +171,140 @@ class WorkerOutput:
         self.console = console
         self.stderr_tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_line_at = 0.0
-        self._log = open(log_path, "ab", buffering=0)
+        #: Why the log file stopped being written (None while it works).
+        self.log_error: str | None = None
         self._log_lock = threading.Lock()
+        self._log_fd: int | None = None
         self._threads: list[threading.Thread] = []
-        self._labels = {False: console.label(host, rank, False), True: console.label(host, rank, True)}
+        self._host = host
+        try:
+            self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            self._log_failed(exc)
 
     def pump(self, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         """Start one daemon thread per pipe."""
         for pipe, is_err in ((stdout, False), (stderr, True)):
             if pipe is None:
                 continue
-            thread = threading.Thread(target=self._pump, args=(pipe, is_err),
+            stream = _Stream(is_err, self.console.label(self._host, self.rank, is_err))
+            thread = threading.Thread(target=self._pump, args=(pipe, stream),
                                       name=f"rank{self.rank}-{'err' if is_err else 'out'}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _pump(self, pipe: IO[bytes], is_err: bool) -> None:
-        import time
+    def _pump(self, pipe: IO[bytes], stream: _Stream) -> None:
+        fd = pipe.fileno()
+        while True:
+            try:
+                data = os.read(fd, CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self.last_line_at = time.monotonic()
+            self._take(stream, data)
+        if stream.pending:
+            self._lines(stream, bytes(stream.pending) + b"\n")
+        elif stream.overlong:
+            self._write_log(b"\n")
+        pipe.close()
 
-        show = self.console.shows(self.rank)
-        label = self._labels[is_err]
-        with pipe:
-            for line in iter(pipe.readline, b""):
-                self.last_line_at = time.monotonic()
-                with self._log_lock:
-                    self._log.write(line if line.endswith(b"\n") else line + b"\n")
-                if is_err:
-                    self.stderr_tail.append(line.decode(errors="replace").rstrip("\n"))
-                if show:
-                    self.console.write(label, line, is_err)
+    def _take(self, stream: _Stream, data: bytes) -> None:
+        """Whole lines go out at once; an incomplete last line waits in ``pending``."""
+        end = data.rfind(b"\n") + 1
+        if end == 0:
+            self._partial(stream, data)
+            return
+        block, rest = data[:end], data[end:]
+        if stream.overlong:  # the first newline ends the long line, already cut on the console
+            first = block.index(b"\n") + 1
+            self._write_log(block[:first])
+            stream.overlong = False
+            block = block[first:]
+        if stream.pending:
+            block = bytes(stream.pending) + block
+            stream.pending.clear()
+        if block:
+            self._lines(stream, block)
+        if rest:
+            self._partial(stream, rest)
 
-    def close(self, timeout: float = 2.0) -> None:
-        """Wait for the pipes to drain (the worker is gone), then close the log file."""
+    def _partial(self, stream: _Stream, data: bytes) -> None:
+        if stream.overlong:
+            self._write_log(data)
+            return
+        stream.pending += data
+        if len(stream.pending) > LINE_LIMIT:
+            head = bytes(stream.pending)
+            stream.pending.clear()
+            stream.overlong = True
+            self._write_log(head)
+            self._show(stream, head[:LINE_LIMIT] + (_CUT_MARK_NO_LOG if self.log_error else _CUT_MARK) + b"\n")
+            if stream.is_err:
+                self.stderr_tail.append(self._tail_line(head) + " [...]")
+
+    def _lines(self, stream: _Stream, block: bytes) -> None:
+        """``block``: whole lines, each ending in a newline."""
+        self._write_log(block)
+        if stream.is_err:
+            lines = block.split(b"\n")
+            lines.pop()
+            self.stderr_tail.extend(self._tail_line(line) for line in lines[-TAIL_LINES:])
+        if len(block) > LINE_LIMIT:
+            mark = _CUT_MARK_NO_LOG if self.log_error else _CUT_MARK
+            block = b"".join(line[:LINE_LIMIT] + mark + b"\n" if len(line) > LINE_LIMIT else line + b"\n"
+                             for line in block[:-1].split(b"\n"))
+        self._show(stream, block)
+
+    @staticmethod
+    def _tail_line(line: bytes) -> str:
+        return line[:TAIL_LINE_CHARS * 4].decode(errors="replace")[:TAIL_LINE_CHARS]
+
+    def _show(self, stream: _Stream, block: bytes) -> None:
+        # A rank whose log file failed is shown even when logs.ranks hides it: the console
+        # is all that is left of its output.
+        if self.console.shows(self.rank) or self.log_error is not None:
+            self.console.write(stream.label, visible(block), stream.is_err)
+
+    def _write_log(self, data: bytes) -> None:
+        failure = None
+        with self._log_lock:
+            if self._log_fd is None:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._log_fd, view):]
+            except OSError as exc:
+                failure = exc
+                self._close_log()
+        if failure is not None:
+            self._log_failed(failure)
+
+    def _log_failed(self, exc: OSError) -> None:
+        """One warning, then console only: a full or broken log disk never harms the job."""
+        self.log_error = exc.strerror or type(exc).__name__
+        self.console.say(f"clusterddp: warning: rank {self.rank}: cannot write its log {shown(self.log_path)} "
+                         f"({self.log_error}); its output goes to the console only from now on")
+
+    def _close_log(self) -> None:
+        fd, self._log_fd = self._log_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self, deadline: float | None = None) -> None:
+        """Wait (until ``deadline``, monotonic) for the pipes to drain, then close the log file.
+
+        A pipe still held open by a process that escaped every kill keeps its reader thread
+        (a daemon) blocked; whatever it reads later is dropped, not written to a closed file.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + 2.0
         for thread in self._threads:
-            thread.join(timeout)
-        self._log.close()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._log_lock:
+            self._close_log()

@@ -12,6 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 
 from clusterddp.exitcodes import PREEMPTED
+from clusterddp.launch.logs import visible_text
 
 
 @dataclass
@@ -28,6 +29,8 @@ class WorkerExit:
     at: float = 0.0
     #: True when clusterddp itself stopped this worker (teardown), so it is not a cause.
     stopped_by_us: bool = False
+    #: Why its log file is incomplete (the disk filled up, ...); None when it is whole.
+    log_error: str | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -90,10 +93,12 @@ def format_report(job_name: str, exits: list[WorkerExit], root: WorkerExit | Non
         lines.append(f"    rank:       {root.rank} (local rank {root.local_rank})")
         lines.append(f"    pid:        {root.pid}")
         lines.append(f"    exit:       {root.outcome()}")
-        lines.append(f"    log:        {root.log}")
+        note = f" (incomplete: {root.log_error})" if root.log_error else ""
+        lines.append(f"    log:        {root.log}{note}")
         if root.tail:
+            # A worker's own words: control characters shown, never acted on by the terminal.
             lines.append("    last lines:")
-            lines.extend(f"      {line}" for line in root.tail)
+            lines.extend(f"      {visible_text(line)}" for line in root.tail)
     else:
         lines.append(f"clusterddp: job '{job_name}' stopped: {reason}")
     others = [e for e in exits if e is not root]

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from clusterddp.diagnose.collect import StacksReport, Target, build_report, coll
 from clusterddp.diagnose.hang import RankLife, culprit, last_progress, stalled_for
 from clusterddp.launch import procs
 from clusterddp.launch.bootstrap import STACKS_ENV
+from clusterddp.launch.cgroup import JobCgroup
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.report import WorkerExit, format_report, read_error_file
 from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
@@ -39,6 +39,9 @@ MAX_BACKOFF = 30.0
 STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
 #: A byte on stdin (from the SSH head) that asks for the same.
 STACKS_REQUEST_BYTE = b"S"
+#: Teardown ends at most this long after the grace period that follows the first SIGTERM
+#: (everything SIGKILLed, reaped, the cgroup removed, the pipes drained).
+TEARDOWN_SLACK = 0.45
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,22 @@ class LocalSupervisor:
     _stacks_requested: bool = False
     _hang: bool = False
     _attempt_started: float = 0.0
+    _console: ConsoleSink | None = None
+    _cgroup: JobCgroup | None = None
+    _reaper: procs.Reaper | None = None
+    #: Children of the launcher that are not workers of this attempt (the reaper, ...).
+    _not_adopted: set[int] = field(default_factory=set)
+    #: Orphans of the workers reparented to the launcher (it is their subreaper).
+    _adopted: set[int] = field(default_factory=set)
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
-        reaper = procs.Reaper(self._marker)
+        console = self._console = ConsoleSink(prefix=self.options.prefix, ranks=self.options.console_ranks)
+        procs.become_subreaper()
+        self._not_adopted = procs.children()
+        self._cgroup = JobCgroup.create(self._marker)
+        reaper = self._reaper = procs.Reaper(self._marker, self._cgroup.path if self._cgroup else None)
+        self._not_adopted.add(reaper.pid)
         self._write_launcher_file()
         previous = self._install_signal_handlers()
         if self.options.watch_stdin:
@@ -111,16 +126,25 @@ class LocalSupervisor:
             code, exits, root = self._run_with_restarts(reaper)
         finally:
             self._restore_signal_handlers(previous)
+            if self._cgroup is not None:
+                self._cgroup.remove(time.monotonic() + 1.0)
             reaper.close()
         report = format_report(self.options.job_name, exits, root,
                                self._stop_reason if code != 0 else None)
         if report:
-            print(report, file=sys.stderr, flush=True)
+            console.say(report)
         if self.options.report_json:
             result = {"exit_code": code, "host": self.topology.host,
                       "root_cause": root.to_json() if root else None, "reason": self._stop_reason}
-            print("CLUSTERDDP_RESULT " + json.dumps(result), flush=True)
+            console.say("CLUSTERDDP_RESULT " + json.dumps(result), stderr=False)
+        console.settle()
         return code
+
+    def _say(self, text: str) -> None:
+        """A message of the launcher on stderr; a console that went away is not an error."""
+        if self._console is None:
+            self._console = ConsoleSink(prefix=self.options.prefix, ranks=self.options.console_ranks)
+        self._console.say(text)
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Ask the run loop to tear everything down (safe from signal handlers and threads)."""
@@ -141,9 +165,8 @@ class LocalSupervisor:
                     and root.exit_code not in NOT_RESTARTED:
                 attempt += 1
                 backoff = min(float(2 ** (attempt - 1)), MAX_BACKOFF)
-                print(f"clusterddp: rank {root.rank} on {root.host} {root.outcome()}; restarting the "
-                      f"local group in {backoff:.0f}s (restart {attempt} of {self.options.restarts})",
-                      file=sys.stderr, flush=True)
+                self._say(f"clusterddp: rank {root.rank} on {root.host} {root.outcome()}; restarting the "
+                          f"local group in {backoff:.0f}s (restart {attempt} of {self.options.restarts})")
                 if self._wake.wait(backoff) and self._stop_reason is not None:
                     return self._stop_code(root, exits), exits, root
                 self._wake.clear()
@@ -186,9 +209,10 @@ class LocalSupervisor:
             os.unlink(plan.error_file)
         except FileNotFoundError:
             pass
-        output = WorkerOutput(plan.rank, self.topology.host, plan.log, ConsoleSink(
-            prefix=self.options.prefix, ranks=self.options.console_ranks))
-        proc = procs.spawn(plan.argv, env, plan.cwd)
+        if self._console is None:
+            self._console = ConsoleSink(prefix=self.options.prefix, ranks=self.options.console_ranks)
+        output = WorkerOutput(plan.rank, self.topology.host, plan.log, self._console)
+        proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup)
         reaper.watch(proc.pid)
         output.pump(proc.stdout, proc.stderr)
         return _Worker(plan=plan, proc=proc, output=output, pgid=proc.pid)
@@ -208,6 +232,7 @@ class LocalSupervisor:
                 self._stacks_requested = False
                 self.dump_stacks("requested")
             self._check_hang()
+            self._adopt_orphans()
             self._wake.wait(0.1)
             self._wake.clear()
 
@@ -221,42 +246,93 @@ class LocalSupervisor:
         return failed
 
     def _exit_of(self, worker: _Worker, stopped_by_us: bool) -> WorkerExit:
+        code = worker.proc.returncode
         return WorkerExit(host=self.topology.host, rank=worker.plan.rank, local_rank=worker.plan.local_rank,
-                          pid=worker.proc.pid, returncode=worker.proc.returncode, log=worker.plan.log,
+                          pid=worker.proc.pid, returncode=-signal.SIGKILL if code is None else code,
+                          log=worker.plan.log,
                           at=time.time(), stopped_by_us=stopped_by_us)
 
     def _preempted(self) -> bool:
         return any(w.exit is not None and w.exit.returncode == exitcodes.PREEMPTED for w in self._workers)
 
     def _teardown(self, patient: bool = False) -> None:
-        """SIGTERM every group, wait the grace period, SIGKILL what is left, reap trees.
+        """SIGTERM every group, wait the grace period, SIGKILL everything, reap; the launcher
+        is done at most grace_period + TEARDOWN_SLACK after the first SIGTERM.
 
         ``patient``: a worker was preempted and saved a checkpoint; its peers are most likely
         saving or exiting too, so they get the grace period to finish before any SIGTERM.
         """
-        trees = {w.pgid: procs.descendants(w.proc.pid) for w in self._workers if w.proc.poll() is None}
+        trees = procs.descendants(w.proc.pid for w in self._workers if w.proc.poll() is None)
+        self._collect_exits()  # a worker that ended on its own is not "stopped by clusterddp"
         if patient:
             self._wait_workers(self._workers, time.monotonic() + self.options.grace_period)
             self._collect_exits()
         live = [w for w in self._workers if w.proc.poll() is None]
+        grace_end = time.monotonic() + (self.options.grace_period if live else 0.0)
         for worker in live:
             procs.signal_group(worker.pgid, signal.SIGTERM)
-        self._wait_workers(live, time.monotonic() + self.options.grace_period)
-        # SIGKILL every group (also of workers that exited: their children may linger),
-        # then any descendant that left its group (setsid daemons, double forks).
+        self._wait_workers(live, grace_end)
+        self._kill_all(trees)
+        deadline = grace_end + TEARDOWN_SLACK
+        self._reap_all(deadline)
+        for worker in self._workers:
+            self._finish(worker, deadline)
+
+    def _kill_all(self, trees: list[tuple[int, int]]) -> None:
+        """SIGKILL every group (also of workers that exited: their children may linger), the
+        job's cgroup, then what left the group: setsid children (trees), marked processes,
+        and orphans reparented to us (double forks that cleared their environment)."""
         for worker in self._workers:
             procs.signal_group(worker.pgid, signal.SIGKILL)
-        for tree in trees.values():
-            procs.kill_processes(tree)
+        if self._cgroup is not None:
+            self._cgroup.kill()
+        procs.kill_processes(trees)
         procs.kill_marked(self._marker)
-        procs.wait_groups_gone([w.pgid for w in self._workers], time.monotonic() + 2.0)
-        for worker in self._workers:
-            worker.proc.wait()
-            if worker.exit is None:
-                worker.exit = self._exit_of(worker, stopped_by_us=True)
-            worker.output.close()
-            if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
-                worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
+        self._adopt_orphans()
+        procs.kill_pids(self._adopted)
+
+    def _reap_all(self, deadline: float) -> None:
+        """Until all is gone or ``deadline``: reap the workers and adopted orphans (by pid,
+        never waitpid(-1)), kill late orphans, wait for the groups and the cgroup to hold no
+        live process (a zombie whose parent is not us does not count)."""
+        pgids = [w.pgid for w in self._workers]
+        while True:
+            for worker in self._workers:
+                worker.proc.poll()
+            self._adopt_orphans()
+            procs.kill_pids(self._adopted)
+            if all(w.proc.returncode is not None for w in self._workers) and not self._adopted \
+                    and (self._cgroup is None or self._cgroup.empty()) and not procs.live_groups(pgids):
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
+    def _finish(self, worker: _Worker, deadline: float) -> None:
+        """The worker's exit, its output drained (until ``deadline``), its report tail."""
+        if worker.proc.returncode is None:
+            try:
+                worker.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self._say(f"clusterddp: warning: rank {worker.plan.rank} (pid {worker.proc.pid}) did not "
+                          "die on SIGKILL (uninterruptible sleep?); leaving it")
+        if worker.exit is None:
+            worker.exit = self._exit_of(worker, stopped_by_us=True)
+        worker.output.close(deadline)
+        worker.exit.log_error = worker.output.log_error
+        if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
+            worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
+
+    def _adopt_orphans(self) -> None:
+        """Orphans of the workers reparented to the launcher: tell the reaper (so they die
+        with a launcher killed by SIGKILL too), and collect the ones that exited."""
+        known = self._not_adopted | {w.proc.pid for w in self._workers}
+        found = procs.children() - known
+        for pid in found - self._adopted:
+            if self._reaper is not None:
+                self._reaper.watch_pid(pid)
+        self._adopted |= found
+        self._adopted -= procs.reap(self._adopted)
 
     @staticmethod
     def _wait_workers(workers: list[_Worker], deadline: float) -> None:
@@ -348,12 +424,12 @@ class LocalSupervisor:
         lines.extend(f"  {line}" for line in report.lines)
         if path:
             lines.append(f"  full dump: {path}")
-        print("\n".join(lines), file=sys.stderr, flush=True)
-        if self.options.report_json:
+        self._say("\n".join(lines))
+        if self.options.report_json and self._console is not None:
             waiting = sorted(r for r, w in report.where.items() if w.in_collective)
-            print("CLUSTERDDP_STACKS " + json.dumps({"host": self.topology.host, "why": why,
-                                                      "ranks": report.summaries(), "waiting": waiting,
-                                                      "full": path}), flush=True)
+            self._console.say("CLUSTERDDP_STACKS " + json.dumps({"host": self.topology.host, "why": why,
+                                                                  "ranks": report.summaries(), "waiting": waiting,
+                                                                  "full": path}), stderr=False)
         return report
 
     def _check_hang(self) -> None:
@@ -363,7 +439,9 @@ class LocalSupervisor:
         lives = [RankLife(w.plan.rank, w.output.last_line_at, w.plan.env.get(HEARTBEAT_ENV))
                  for w in self._workers if w.exit is None]
         progress = last_progress(lives, since=self._attempt_started)
-        stalled = stalled_for(progress, time.monotonic())
+        # A rank that never printed counts from the attempt's start: a silent rank left alone
+        # by peers that exited must not wait forever.
+        stalled = stalled_for(progress, time.monotonic(), since=self._attempt_started)
         if stalled is None or stalled <= timeout:
             return
         report = self.dump_stacks("hang")

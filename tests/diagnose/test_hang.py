@@ -51,3 +51,9 @@ def test_all_waiting_here_points_to_another_node() -> None:
 def test_without_stacks_the_first_to_stop_is_named() -> None:
     """No stack told us anything: name the ranks whose progress stopped first."""
     assert culprit({0: 10.0, 1: 20.0, 2: 10.2}, {}) == "rank(s) 0,2 stopped first"
+
+
+def test_a_rank_that_never_printed_counts_from_the_start() -> None:
+    """Given the attempt's start, a rank with no sign of life is stalled since then (its peers may have exited)."""
+    assert stalled_for({0: None}, now=110.0, since=100.0) == 10.0
+    assert stalled_for({0: None, 1: 105.0}, now=110.0, since=100.0) == 5.0

@@ -1,0 +1,261 @@
+"""Faults the launcher must survive with its promises intact: a full log disk, a huge line,
+hostile terminal output, a daemon that escapes its job, a silent hang, stubborn workers, a
+closed console. Real processes throughout (tests/bin), no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from clusterddp.launch import cgroup
+from clusterddp.launch.logs import LINE_LIMIT, ConsoleSink, WorkerOutput, visible
+from tests.conftest import REPO, cli, cli_env, start_cli, wait_for, write_job
+
+CONTROL_BYTES = (b"\x1b", b"\x07", b"\x08", b"\r", b"\x00", b"\x7f", b"\xc2\x9b")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _read_pid(path: Path) -> int:
+    assert wait_for(path.exists, timeout=20), f"{path} never written"
+    return int(path.read_text())
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MB tmpfs, unmounted afterwards whatever happens."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 1 MB tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+# -- logs never harm the job -------------------------------------------------------------------
+
+def test_full_log_disk_does_not_kill_a_healthy_job(tmp_path: Path, tiny_disk: Path) -> None:
+    """Two ranks print 2 MB each into a 1 MB log disk: exit 0, one warning per rank, all on the console."""
+    job = write_job(tmp_path, script="flood.py", args=["2"], logs={"dir": str(tiny_disk)}, grace_period=1)
+    result = cli("run", str(job), timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    warnings = [line for line in result.stderr.splitlines() if "cannot write its log" in line]
+    assert len(warnings) == 2 and all("No space left on device" in w for w in warnings), warnings
+    assert "Traceback" not in result.stderr
+    for rank in (0, 1):
+        assert result.stdout.count(f"rank {rank}] r{rank} x") == 2048
+
+
+def test_full_log_disk_keeps_the_root_cause_in_the_report(tmp_path: Path, tiny_disk: Path) -> None:
+    """On a full log disk a failing rank's exit code and stderr line still reach the report."""
+    job = write_job(tmp_path, script="flood.py", args=["2", "1"], logs={"dir": str(tiny_disk)}, grace_period=1)
+    result = cli("run", str(job), timeout=60)
+    assert result.returncode == 3, result.stderr[-2000:]
+    report = result.stderr.split("root cause", 1)[1]
+    assert "rank 1 failed: the disk was not the cause" in report.split("last lines:", 1)[1]
+    assert "(incomplete: No space left on device)" in report
+
+
+def test_failing_log_writes_switch_to_console_and_keep_draining(tmp_path: Path) -> None:
+    """A log on /dev/full (ENOSPC) and one that cannot be opened: one warning each, pipes drained, tail kept."""
+    said: list[str] = []
+
+    class Recording(ConsoleSink):
+        def say(self, text: str, stderr: bool = True) -> None:
+            said.append(text)
+
+        def write(self, label: bytes, line: bytes, stderr: bool) -> None:
+            shown_lines.append(line)
+
+    shown_lines: list[bytes] = []
+    script = "import sys\nfor i in range(20000): print('line', i)\nprint('the cause', file=sys.stderr)"
+    for log in ("/dev/full", str(tmp_path / "missing" / "rank0.log")):
+        said.clear()
+        shown_lines.clear()
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        output = WorkerOutput(0, "h", log, Recording(prefix=False, ranks=frozenset()))
+        output.pump(proc.stdout, proc.stderr)
+        assert proc.wait(timeout=30) == 0  # never blocked on a pipe nobody drains
+        output.close(time.monotonic() + 10)
+        assert len(said) == 1 and "console only" in said[0], said
+        assert output.log_error and list(output.stderr_tail) == ["the cause"]
+        assert b"".join(shown_lines).count(b"\n") == 20001  # shown although logs.ranks hid rank 0
+
+
+def test_a_400mb_style_line_costs_bounded_memory(tmp_path: Path) -> None:
+    """One 64 MiB line: launcher peak RSS < 100 MB, the file has every byte, the console a cut line."""
+    job = write_job(tmp_path, script="huge_line.py", args=["64"], nproc_per_node=1)
+    proc = start_cli("run", str(job), "--run-id", "huge")
+    peak = 0
+    captured: dict[str, str] = {}
+    reader = threading.Thread(target=lambda: captured.update(zip(("out", "err"), proc.communicate(timeout=60))))
+    reader.start()
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                peak = max([peak] + [int(line.split()[1]) for line in f if line.startswith("VmHWM")])
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    reader.join(60)
+    assert proc.returncode == 0, captured.get("err", "")[-2000:]
+    assert 0 < peak < 100 * 1024, f"launcher peak RSS {peak} KiB"
+    log = tmp_path / "logs" / "huge" / "rank0.log"
+    assert log.stat().st_size == (64 << 20) + len(b"END\nafter the long line\n")
+    with open(log, "rb") as f:
+        f.seek(64 << 20)
+        assert f.read() == b"END\nafter the long line\n"
+    lines = captured["out"].splitlines()
+    assert len(lines) == 2 and "line cut at 64 KiB" in lines[0] and len(lines[0]) < LINE_LIMIT + 200
+    assert lines[1].endswith("] after the long line")
+
+
+def test_control_sequences_are_shown_not_obeyed(tmp_path: Path) -> None:
+    """ESC/CSI/OSC/BEL/CR/BS/DEL/NUL/C1 from a worker: escaped on the console and in the report, raw in the file."""
+    job = write_job(tmp_path, script="escapes.py", args=["3"], nproc_per_node=1)
+    result = subprocess.run([sys.executable, "-m", "clusterddp", "run", str(job), "--run-id", "esc"],
+                            cwd=REPO, env=cli_env(), capture_output=True, timeout=60)
+    assert result.returncode == 3
+    console = result.stdout + result.stderr
+    for byte in CONTROL_BYTES:
+        assert byte not in console, byte
+    assert b"A\\x1b[2J\\x1b]0;pwned\\x07B\\rC\\x08D\tE\\x9b31mF\\x7fG\\x00H" in result.stdout
+    assert b"      err A\\x1b[2J" in result.stderr.split(b"last lines:")[1]  # the report's tail too
+    raw = (tmp_path / "logs" / "esc" / "rank0.log").read_bytes()
+    assert b"A\x1b[2J\x1b]0;pwned\x07B\rC\bD\tE\xc2\x9b31mF\x7fG\x00H\n" in raw
+
+
+def test_visible_keeps_text_tabs_and_utf8() -> None:
+    """Only control characters are escaped: text, tabs, newlines and non-ASCII letters pass unchanged."""
+    assert visible("naïve\t日本 ok\n".encode()) == "naïve\t日本 ok\n".encode()
+    assert visible(b"\x1b[31mred\x1b[0m\r\n") == b"\\x1b[31mred\\x1b[0m\\r\n"
+
+
+# -- nothing outlives the job ------------------------------------------------------------------
+
+def _cgroup_works() -> bool:
+    """Whether a job cgroup can be created here (cgroup2 writable, cgroup.kill present)."""
+    probe = cgroup.JobCgroup.create(f"{os.getpid()}-probe{os.urandom(3).hex()}")
+    if probe is None:
+        return False
+    probe.remove(time.monotonic() + 1)
+    return True
+
+
+def _env_for(use_cgroup: bool) -> dict[str, str]:
+    if use_cgroup and not _cgroup_works():
+        pytest.skip("no writable cgroup v2 with cgroup.kill here (the other mechanisms are tested)")
+    return cli_env() if use_cgroup else cli_env(CLUSTERDDP_NO_CGROUP="1")
+
+
+def _cgroups_of(launcher_pid: int) -> list[str]:
+    """Job cgroups left by the launcher with this pid."""
+    parent = cgroup._parent_dir()
+    if parent is None:
+        return []
+    return [n for n in os.listdir(parent) if n.startswith(f"{cgroup.PREFIX}{launcher_pid}-")]
+
+
+@pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "subreaper"])
+def test_double_fork_empty_env_daemon_is_gone_after_the_job(tmp_path: Path, use_cgroup: bool) -> None:
+    """A setsid + double fork + empty-env daemon holding the worker's pipes dies with the job."""
+    job = write_job(tmp_path, script="daemonize.py", args=[str(tmp_path)], grace_period=1)
+    started = time.monotonic()
+    proc = start_cli("run", str(job), env=_env_for(use_cgroup))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - started < 10
+    daemons = [_read_pid(tmp_path / f"daemon{r}.pid") for r in (0, 1)]
+    assert not any(_alive(p) for p in daemons), [p for p in daemons if _alive(p)]
+    assert not _cgroups_of(proc.pid)
+
+
+@pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "subreaper"])
+def test_kill_9_of_the_launcher_takes_the_daemon_along(tmp_path: Path, use_cgroup: bool) -> None:
+    """kill -9 of the launcher: the reaper kills the empty-env daemon (via the cgroup, or as an adopted orphan)."""
+    job = write_job(tmp_path, script="daemonize.py", args=[str(tmp_path), "stay"])
+    proc = start_cli("run", str(job), env=_env_for(use_cgroup))
+    try:
+        daemons = [_read_pid(tmp_path / f"daemon{r}.pid") for r in (0, 1)]
+        # Reparented to the launcher (its subreaper), which tells the reaper within ~0.1 s.
+        assert wait_for(lambda: all(psutil.Process(p).ppid() == proc.pid for p in daemons), timeout=10)
+        time.sleep(0.5)
+        assert bool(_cgroups_of(proc.pid)) == use_cgroup
+        proc.kill()
+        proc.communicate(timeout=10)
+        assert wait_for(lambda: not any(_alive(p) for p in daemons), timeout=5), \
+            [p for p in daemons if _alive(p)]
+        assert wait_for(lambda: not _cgroups_of(proc.pid), timeout=6)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# -- timing promises ---------------------------------------------------------------------------
+
+def test_hang_timeout_fires_when_the_stuck_rank_never_printed(tmp_path: Path) -> None:
+    """Rank 0 never prints, rank 1 exits silently: hang_timeout still fires (exit 124), counted from the start."""
+    job = write_job(tmp_path, script="silent.py", hang_timeout=1.5, grace_period=1)
+    started = time.monotonic()
+    result = cli("run", str(job), timeout=60)
+    assert result.returncode == 124, result.stderr
+    assert "hang: no rank made progress" in result.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_teardown_ends_within_grace_plus_half_a_second(tmp_path: Path) -> None:
+    """Workers that ignore SIGTERM: the launcher exits <= grace_period + 0.5 s after the first SIGTERM."""
+    job = write_job(tmp_path, script="term_stamp.py", args=[str(tmp_path), "0.5"], grace_period=1)
+    proc = start_cli("run", str(job))
+    proc.communicate(timeout=30)
+    ended = time.time()
+    assert proc.returncode == 3
+    first_term = float((tmp_path / "term0").read_text().split()[0])
+    assert 0.9 <= ended - first_term <= 1.5, ended - first_term
+
+
+@pytest.mark.parametrize("read_lines", [1, 0], ids=["head-1", "closed-at-once"])
+def test_a_closed_console_never_changes_the_exit_code(tmp_path: Path, read_lines: int) -> None:
+    """`run ... 2>&1 | head -1` (or a reader gone at once) with a rank exiting 3: the launcher exits 3."""
+    job = write_job(tmp_path, script="exit_with.py", args=["3", "1"], grace_period=1)
+    proc = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", str(job)], cwd=REPO, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for _ in range(read_lines):
+        proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=30) == 3
+
+
+def test_a_closed_console_does_not_stop_the_job(tmp_path: Path) -> None:
+    """The console closes while the job runs: the workers run to their end and the launcher exits 0."""
+    job = write_job(tmp_path, script="print_fast.py", args=["3000"], nproc_per_node=2)
+    proc = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", str(job), "--run-id", "closed"],
+                            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=30) == 0
+    for rank in (0, 1):
+        assert len((tmp_path / "logs" / "closed" / f"rank{rank}.log").read_text().splitlines()) == 3000
