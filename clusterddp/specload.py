@@ -223,10 +223,35 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+#: libyaml when PyYAML has it: the pure-Python scanner takes a minute over a 1 MiB job file.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", None)
+
+
+def _check_depth(text: str) -> None:
+    """Refuse nesting past MAX_YAML_DEPTH from the event stream (libyaml's parser keeps an
+    explicit stack), before libyaml's composer recurses in C, where no RecursionError guards."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_FAST_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  event.start_mark)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _compose(text: str) -> Any:
+    if _FAST_LOADER is None:
+        return yaml.compose(text, Loader=_BoundedLoader)
+    _check_depth(text)
+    return yaml.compose(text, Loader=_FAST_LOADER)
+
+
 def compose(path: str, text: str) -> yaml.Node:
     """Parse YAML text into a node tree; syntax errors become one line with the position."""
     try:
-        node = yaml.compose(text, Loader=_BoundedLoader)
+        node = _compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
