@@ -18,7 +18,7 @@ from clusterddp.devices import cpu_count, gpu_count
 from clusterddp.envs.base import Placement
 from clusterddp.errors import EnvironmentDetectionError, LaunchError
 from clusterddp.spec import JobSpec
-from clusterddp.validate import nodes_problem, port_problem, workers_problem
+from clusterddp.validate import nodes_problem, port_problem, token_problem, workers_problem
 
 #: Derived master ports fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the well-known and
 #: registered ranges people configure by hand, below Linux's default ephemeral range (32768+),
@@ -154,6 +154,8 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
     _check_placement(placement)
     nproc = resolve_nproc(job, placement, env)
     run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or _default_run_id(job, placement)
+    if token_problem(run_id, "a run id"):  # it names the log directory: never a path
+        raise EnvironmentDetectionError(f"{placement.env}: run id: {token_problem(run_id, 'a run id')}")
     addr = placement.master_addr or job.master.addr
     if addr is None:
         raise EnvironmentDetectionError(
@@ -188,7 +190,7 @@ def _default_run_id(job: JobSpec, placement: Placement) -> str:
     # job name; one node gets a unique id so its logs do not overwrite the last run's.
     if placement.nnodes > 1:
         return job.name
-    return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return f"{job.name[:96]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def _is_loopback(addr: str) -> bool:

@@ -103,7 +103,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
                   identity_file=_job_path(job, job.ssh.identity_file))
     hosts = resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file))
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys)
-    run_id = options.run_id or f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_id = options.run_id or f"{job.name[:96]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     master_port = options.master_port or job.master.port or derive_port(run_id)
     master_addr = options.master_addr or job.master.addr or _address_of(hosts[0])
     if len(hosts) > 1 and master_addr and (master_addr.startswith("127.") or master_addr == "localhost"):
