@@ -40,7 +40,10 @@ _EXPORTS = {
     "ShardSampler": "data", "ResumableDistributedSampler": "data", "IndexedDataset": "data",
     "default_num_workers": "data",
     # step loop pieces
-    "Amp": "amp", "agree_step": "guard", "start_agreement": "guard", "NonFiniteLossError": "guard",
+    "Amp": "amp", "AMP_MODES": "amp", "choose_amp": "amp",
+    "agree_step": "guard", "start_agreement": "guard", "StepAgreement": "guard",
+    "NonFiniteError": "guard", "NonFiniteLossError": "guard", "NonFiniteWeightsError": "guard",
+    "make_optimizer": "optim", "step_unless": "optim",
     "evaluate": "evaluation", "EvalResult": "evaluation",
     "progress": "display", "ScalarLogger": "display",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
@@ -71,7 +74,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the real names
-    from clusterddp.train.amp import Amp
+    from clusterddp.train.amp import AMP_MODES, Amp, choose_amp
     from clusterddp.train.checkpoint import TrainState, atomic_save, load_checkpoint, save_checkpoint
     from clusterddp.train.data import (IndexedDataset, ResumableDistributedSampler, ShardSampler,
                                        default_num_workers, make_eval_loader, make_train_loader,
@@ -84,9 +87,11 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the real names
     from clusterddp.train.entry import run_main
     from clusterddp.train.evaluation import EvalResult, evaluate
     from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE
-    from clusterddp.train.guard import NonFiniteLossError, agree_step, start_agreement
+    from clusterddp.train.guard import (NonFiniteError, NonFiniteLossError, NonFiniteWeightsError,
+                                        StepAgreement, agree_step, start_agreement)
     from clusterddp.train.liveness import heartbeat
     from clusterddp.train.loop import FitConfig, FitResult, fit, train_one_epoch
+    from clusterddp.train.optim import make_optimizer, step_unless
     from clusterddp.train.model import (broadcast_parameters, convert_sync_batchnorm,
                                         freeze_parameters, prepare_model, scale_lr, unwrap,
                                         wrap_ddp)

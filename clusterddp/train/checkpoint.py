@@ -14,7 +14,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from torch import nn
 from clusterddp.train.amp import Amp
 from clusterddp.train.atomic import atomic_write
 from clusterddp.train.dist import DistContext, all_gather_objects, run_on_main
+from clusterddp.train.guard import NonFiniteWeightsError, all_finite
 from clusterddp.train.model import unwrap
 
 #: Bumped when the layout below changes incompatibly.
@@ -73,6 +74,15 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def _state_tensors(model: nn.Module,
+                   optimizer: torch.optim.Optimizer | None) -> Iterator[torch.Tensor]:
+    """The model's parameters and buffers, then every tensor of the optimizer's state."""
+    yield from unwrap(model).state_dict().values()
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            yield from (v for v in per_param.values() if isinstance(v, torch.Tensor))
+
+
 def save_checkpoint(path: str | os.PathLike[str], ctx: DistContext, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None,
                     scheduler: Any = None, amp: Amp | None = None,
@@ -81,9 +91,17 @@ def save_checkpoint(path: str | os.PathLike[str], ctx: DistContext, *, model: nn
     """Write a checkpoint from rank 0; every rank must call it (RNG states are gathered).
 
     Returns the path on every rank once the file is complete; if rank 0 fails to write,
-    every rank raises.
+    every rank raises. No checkpoint holds a NaN or an infinity: each rank checks its
+    weights and optimizer state, the answers travel with the RNG states, and if any rank's
+    are not finite every rank raises ``NonFiniteWeightsError`` and nothing is written
+    (training loss checks cannot see a finite loss whose update overflowed).
     """
-    rng_states = all_gather_objects(capture_rng())
+    finite = all_finite(_state_tensors(model, optimizer))
+    gathered = all_gather_objects((capture_rng(), finite))
+    bad = [rank for rank, (_, ok) in enumerate(gathered) if not ok]
+    if bad:
+        raise NonFiniteWeightsError(str(path), bad)
+    rng_states = [rng for rng, _ in gathered]
 
     def write() -> Path:
         payload = {

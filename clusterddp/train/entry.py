@@ -1,8 +1,9 @@
 """The outermost frame of a training script: clean exits with meaningful codes.
 
 ``run_main(main)`` turns the library's agreed stops into process exits: a non-finite loss
-becomes one message from rank 0 and exit code 65 on every rank (no N copies of the same
-traceback), a preemption exits 75, and the process group is always left cleanly.
+(or weights a checkpoint refused) becomes one message from rank 0 and exit code 65 on
+every rank (no N copies of the same traceback), a preemption exits 75, and the process
+group is always left cleanly.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Callable, NoReturn
 
 from clusterddp.train.dist import barrier, cleanup, get_rank
 from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE
-from clusterddp.train.guard import NonFiniteLossError
+from clusterddp.train.guard import NonFiniteError
 
 
 #: Exits every rank takes together (the library agrees on them across ranks first).
@@ -46,7 +47,7 @@ def _call(main: Callable[[], int | None]) -> int:
     """``main()``'s exit code, with the library's agreed stops turned into codes."""
     try:
         return main() or 0
-    except NonFiniteLossError as exc:
+    except NonFiniteError as exc:  # a NaN loss, or weights refused by a checkpoint
         if get_rank() == 0:
             print(f"clusterddp.train: {exc}", file=sys.stderr, flush=True)
         return NONFINITE_LOSS_EXIT_CODE

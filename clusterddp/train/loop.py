@@ -1,7 +1,8 @@
 """The training loop: the helpers of this package wired together in the order they need.
 
 ``train_one_epoch`` is the step loop (AMP, one agreed all-reduce per step for loss, NaN
-and preemption, overlapped with the backward pass, heartbeat, rank-0 bar). ``fit`` adds
+and preemption, overlapped with the backward pass and read one step late so the host never
+waits for the GPU, heartbeat, rank-0 bar). ``fit`` adds
 the epoch loop around it: resume,
 ``set_epoch``, evaluation, TensorBoard, a checkpoint per epoch, and the preemption exit.
 Scripts with unusual needs can use the pieces directly; the example jobs use ``fit``.
@@ -24,7 +25,7 @@ from clusterddp.train.data import set_epoch
 from clusterddp.train.dist import DistContext, all_gather_objects
 from clusterddp.train.evaluation import evaluate, move_to
 from clusterddp.train.exitcodes import PREEMPTED_EXIT_CODE
-from clusterddp.train.guard import start_agreement
+from clusterddp.train.guard import LAG, StepAgreement, StepVerdict
 from clusterddp.train.liveness import heartbeat
 from clusterddp.train.preempt import DEFAULT_SIGNALS, Preempted, PreemptionHandler
 from clusterddp.train.display import ScalarLogger, progress
@@ -54,7 +55,7 @@ class FitConfig:
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint path, "auto" (checkpoint_dir/last.pt if any), None
     tensorboard_dir: str | None = None
-    amp: bool = False
+    amp: bool | str = False  # True or "auto", "bf16", "fp16", False or "off" (amp.py)
     progress: bool | None = None  # rank-0 tqdm bar; None: only when stderr is a terminal
     preempt_signals: Sequence[str] = DEFAULT_SIGNALS  # empty: leave signals alone
 
@@ -67,6 +68,21 @@ class FitResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+@dataclass
+class _Tally:
+    """An epoch's totals from the verdicts read so far (one step behind the loop)."""
+
+    read: int          # steps whose verdict is known, counting those before a resume
+    loss_sum: float
+    preempt: bool = False
+
+    def add(self, verdicts: list[StepVerdict]) -> None:
+        for verdict in verdicts:
+            self.read += 1
+            self.loss_sum += verdict.mean_loss
+            self.preempt = self.preempt or verdict.preempt
+
+
 def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                     criterion: Criterion, ctx: DistContext, *, epoch: int, amp: Amp,
                     start: TrainState | None = None,
@@ -76,35 +92,41 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
 
     ``start`` continues a partly run epoch (its step and loss sum); the loader must already
     skip those batches (``set_epoch(loader, epoch, skip_batches=start.step)``).
-    Raises ``NonFiniteLossError`` on every rank together when any rank's loss is not finite.
+    Step k's verdict (guard.py) is read while step k+1 runs, before its update is queued,
+    and every verdict is read before this returns. So ``NonFiniteLossError`` is raised on
+    every rank together at most one step after the bad loss (whose update was skipped on
+    the device), and a preemption agreed at step k ends the epoch after step k+1.
     """
     model.train()
-    steps = start.step if start else 0
-    loss_sum = start.loss_sum if start else 0.0
+    step = start.step if start else 0
+    tally = _Tally(step, start.loss_sum if start else 0.0)
+    agreement = StepAgreement(ctx)
     bar = progress(loader, ctx, desc=f"epoch {epoch}", enabled=show_progress)
-    preempted = False
     try:
         for inputs, targets in bar:
             inputs, targets = move_to(inputs, ctx.device), move_to(targets, ctx.device)
             with amp.autocast():
                 loss = criterion(model(inputs), targets)
-            pending = start_agreement(loss, preemption is not None and preemption.requested, ctx)
+            agreement.start(loss, preemption is not None and preemption.requested,
+                            epoch=epoch, step=step)
             optimizer.zero_grad(set_to_none=True)
             amp.backward(loss)
-            verdict = pending.result(epoch=epoch, step=steps)  # may raise on every rank
-            amp.step(optimizer)
-            steps += 1
-            loss_sum += verdict.mean_loss
+            skip = agreement.land()
+            tally.add(agreement.settle(keep=LAG, stopped_at=step))  # may raise on every rank
+            amp.step(optimizer, skip=skip)
+            step += 1
             heartbeat()
-            bar.set_description(f"epoch {epoch} loss {loss_sum / steps:.4f}", refresh=False)
-            if verdict.preempt:
-                preempted = True
+            if tally.read:  # host values only: the bar adds no sync
+                bar.set_description(f"epoch {epoch} loss {tally.loss_sum / tally.read:.4f}",
+                                    refresh=False)
+            if tally.preempt:
                 break
+        tally.add(agreement.settle(keep=0, stopped_at=step))
     finally:
         bar.close()
-    mean = loss_sum / steps if steps else float("nan")
-    return EpochResult(epoch=epoch, mean_loss=mean, steps_done=steps, loss_sum=loss_sum,
-                       preempted=preempted)
+    mean = tally.loss_sum / step if step else float("nan")
+    return EpochResult(epoch=epoch, mean_loss=mean, steps_done=step, loss_sum=tally.loss_sum,
+                       preempted=tally.preempt)
 
 
 def resolve_resume(config: FitConfig) -> Path | None:

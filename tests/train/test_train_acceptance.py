@@ -52,7 +52,9 @@ def test_preempt_checkpoint_resume_equals_uninterrupted_run(tmp_path: Path) -> N
     assert [r.returncode for r in stopped] == [PREEMPTED_EXIT_CODE] * 2, stopped
     assert "preempted by SIGUSR1" in stopped[0].stderr
     state = torch.load(Path(ckpt) / "last.pt", weights_only=True)["train_state"]
-    assert state["epoch"] == 1 and 0 < state["step"] < 4, state  # stopped mid-epoch
+    # SIGUSR1 in epoch 1 step 1 rides that step's agreement, which every rank reads while
+    # step 2 runs: all stop after step 2, one step later (3 of 4 steps done, mid-epoch).
+    assert (state["epoch"], state["step"]) == (1, 3), state
     assert not (cut / "params.pt").exists()
 
     resumed = run_ranks(["train", str(cut), *common, "--checkpoint-dir", ckpt,
@@ -88,7 +90,7 @@ def test_merged_inference_equals_single_process(tmp_path: Path) -> None:
 
 
 def test_nan_loss_on_one_rank_stops_all_ranks_quickly_with_one_message(tmp_path: Path) -> None:
-    """A NaN on rank 1 at step 3 makes both ranks exit 65 within seconds; rank 0 says why, once."""
+    """A NaN on rank 1 at step 2 makes both ranks stop one step later and exit 65 within seconds; rank 0 says why, once."""
     started = time.monotonic()
     results = run_ranks(["train", str(tmp_path), "--nan-at-call", "3"], timeout=60,
                         env={"CLUSTERDDP_DIST_TIMEOUT": "600"})
@@ -99,6 +101,10 @@ def test_nan_loss_on_one_rank_stops_all_ranks_quickly_with_one_message(tmp_path:
     assert message in results[0].stderr, results[0].stderr
     assert "non-finite" not in results[1].stderr
     assert "Traceback" not in results[0].stderr + results[1].stderr
+    # The verdict of step 2 is read by both ranks while step 3 runs, before its update.
+    stops = [json.loads((tmp_path / f"stopped.rank{r}.json").read_text()) for r in range(2)]
+    assert stops[0] == stops[1] == {"epoch": 0, "step": 2, "stopped_at": 3, "calls": 4,
+                                    "finite": True}
 
 
 def test_single_process_run_needs_no_launcher_and_beats_the_heartbeat(tmp_path: Path) -> None:
@@ -114,3 +120,45 @@ def test_single_process_run_needs_no_launcher_and_beats_the_heartbeat(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "params.pt").exists()
     assert beat.exists()
+
+
+def _all_tensors(obj: object) -> list[torch.Tensor]:
+    """Every tensor inside a loaded checkpoint (nested dicts, lists and tuples)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _all_tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _all_tensors(v)]
+    return []
+
+
+@pytest.mark.parametrize("optimizer", ["default", "fused"])
+def test_nan_before_a_checkpoint_is_caught_within_one_step_and_never_saved(
+        tmp_path: Path, optimizer: str) -> None:
+    """NaN on rank 1 at the last step of epoch 1, with a preemption agreed just before it: every
+    rank stops within one step, the NaN beats the preemption checkpoint, and every checkpoint
+    file and every rank's in-memory weights stay finite."""
+    ckpt = tmp_path / "ckpt"
+    # 64 samples / (2 ranks x 8) = 4 steps an epoch: loss call 8 is epoch 1 step 3, the last
+    # before the epoch's checkpoint; rank 0's SIGUSR1 at call 7 asks for a preemption
+    # checkpoint after that same step.
+    args = ["train", str(tmp_path), "--epochs", "3", "--checkpoint-dir", str(ckpt),
+            "--nan-at-call", "8", "--kill-at-call", "7", "--kill-rank", "0"]
+    results = run_ranks(args + (["--fused"] if optimizer == "fused" else []), timeout=60)
+    assert [r.returncode for r in results] == [NONFINITE_LOSS_EXIT_CODE] * 2, results
+    assert "non-finite loss at epoch 1 step 3 on rank 1 (nan)" in results[0].stderr
+    assert "preempted" not in results[0].stderr
+    for rank in range(2):
+        stop = json.loads((tmp_path / f"stopped.rank{rank}.json").read_text())
+        assert (stop["epoch"], stop["step"]) == (1, 3), stop
+        assert 0 <= stop["stopped_at"] - stop["step"] <= 1 and stop["calls"] == 8, stop
+        assert stop["finite"], f"rank {rank} weights took the NaN update: {stop}"
+    files = sorted(ckpt.iterdir())
+    assert [f.name for f in files] == ["last.pt"]  # epoch 0's, nothing after the NaN
+    saved = torch.load(files[0], weights_only=True)
+    assert saved["train_state"]["epoch"] == 1 and saved["train_state"]["step"] == 0
+    tensors = [t for t in _all_tensors({k: saved[k] for k in ("model", "optimizer")})
+               if t.is_floating_point()]
+    assert tensors and all(torch.isfinite(t).all() for t in tensors)
+

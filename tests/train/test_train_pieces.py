@@ -264,3 +264,118 @@ def test_mid_epoch_position_is_rescaled_when_the_world_size_changes() -> None:
     assert capped.step == 10
     same = T.TrainState(epoch=1, step=3, loss_sum=3.0, world_size=1)
     assert _rescale(same, ctx, loader) is same
+
+
+def test_agreement_is_read_one_step_late_and_skips_the_nan_step_on_the_device() -> None:
+    """Step k's verdict is read while step k+1 runs; a NaN step's skip flag is 1.0 at once."""
+    ctx = single()
+    agreement = T.StepAgreement(ctx)
+    agreement.start(torch.tensor(0.5), False, epoch=0, step=0)
+    assert agreement.land().item() == 0.0
+    assert agreement.settle(keep=1, stopped_at=0) == []  # step 0 not read during step 0
+    agreement.start(torch.tensor(float("nan")), True, epoch=0, step=1)
+    assert agreement.land().item() == 1.0  # the device knows now, the host does not
+    [verdict] = agreement.settle(keep=1, stopped_at=1)
+    assert (verdict.step, verdict.mean_loss, verdict.preempt) == (0, 0.5, False)
+    agreement.start(torch.tensor(0.25), False, epoch=0, step=2)
+    agreement.land()
+    with pytest.raises(T.NonFiniteLossError, match="epoch 0 step 1 on rank 0 \\(nan\\).*"
+                       "stopped before updating step 2") as caught:
+        agreement.settle(keep=1, stopped_at=2)
+    assert (caught.value.step, caught.value.stopped_at) == (1, 2)
+
+
+def _nan_grads(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_step_unless_skips_a_fused_update_exactly(kind: str) -> None:
+    """With skip=1.0 a fused step leaves weights and optimizer state bit-identical; 0.0 steps."""
+    model = nn.Linear(3, 2)
+    opt = T.make_optimizer(kind, model.parameters(), torch.device("cpu"), fused=True, lr=0.1,
+                           weight_decay=0.01, **({"momentum": 0.9} if kind == "sgd" else {}))
+    model(torch.randn(4, 3)).sum().backward()
+    T.step_unless(opt, torch.tensor(0.0))
+    weights = [p.detach().clone() for p in model.parameters()]
+    state = [{k: v.clone() for k, v in s.items()} for s in opt.state.values()]
+    _nan_grads(model)
+    T.step_unless(opt, torch.tensor(1.0))
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    for before, after in zip(state, opt.state.values()):
+        assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+def test_step_unless_zeroes_the_gradients_of_an_unfused_optimizer() -> None:
+    """Without found_inf support the NaN gradient is zeroed on the device: weights stay finite."""
+    model = nn.Linear(3, 2)
+    opt = T.make_optimizer("sgd", model.parameters(), torch.device("cpu"), lr=0.1, momentum=0.9)
+    assert not opt.param_groups[0]["fused"]
+    _nan_grads(model)
+    T.step_unless(opt, torch.tensor(1.0))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_fused_sgd_is_primed_so_a_skipped_first_step_is_harmless_and_changes_no_number() -> None:
+    """Primed fused SGD equals torch's fused and default SGD bit for bit, and a skipped first
+    step leaves zero momentum (torch's own fused SGD keeps uninitialised memory there)."""
+    def run(build, skip_first: bool) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+        torch.manual_seed(0)
+        model = nn.Linear(5, 3)
+        opt = build(model.parameters())
+        if skip_first:
+            model(torch.randn(2, 5)).sum().backward()
+            T.step_unless(opt, torch.tensor(1.0))
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(2, 5)).pow(2).sum().backward()
+            T.step_unless(opt, torch.tensor(0.0))
+        return [p.detach() for p in model.parameters()]
+
+    hyper = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}
+    ours = run(lambda ps: T.make_optimizer("sgd", ps, torch.device("cpu"), fused=True, **hyper),
+               False)
+    for other in (run(lambda ps: torch.optim.SGD(ps, fused=True, **hyper), False),
+                  run(lambda ps: torch.optim.SGD(ps, **hyper), False)):
+        assert all(torch.equal(a, b) for a, b in zip(ours, other))
+    skipped = run(lambda ps: T.make_optimizer("sgd", ps, torch.device("cpu"), fused=True,
+                                              **hyper), True)
+    assert all(torch.isfinite(p).all() for p in skipped)
+    with pytest.raises(ValueError, match="known: sgd, adam, adamw"):
+        T.make_optimizer("lion", [], torch.device("cpu"))
+
+
+def test_amp_modes_and_the_fp16_scaler_obeys_the_agreed_skip_flag() -> None:
+    """True picks bf16 on CPU, names are checked, and fp16's GradScaler skips a flagged step."""
+    cpu = torch.device("cpu")
+    assert [T.choose_amp(r, cpu) for r in (True, False, None, "auto", "BF16", "fp16", "off")] \
+        == ["bf16", "off", "off", "bf16", "bf16", "fp16", "off"]
+    with pytest.raises(ValueError, match="auto, bf16, fp16, off"):
+        T.choose_amp("fp8", cpu)
+    amp = T.Amp(cpu, "fp16")
+    assert amp.scaler.is_enabled() and amp.dtype == torch.float16
+    amp.scaler = torch.amp.GradScaler("cpu", init_scale=8.0)  # no real fp16 overflow here
+    model = nn.Linear(3, 2)
+    opt = T.make_optimizer("sgd", model.parameters(), cpu, fused=True, lr=0.1, momentum=0.9)
+    for skip, changes in ((1.0, False), (0.0, True)):
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        with amp.autocast():
+            loss = model(torch.randn(4, 3)).float().sum()
+        amp.backward(loss)  # finite: only the flag can make the scaler skip
+        amp.step(opt, skip=torch.tensor(skip))
+        same = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert same != changes, f"skip={skip}"
+
+
+def test_checkpoint_with_a_non_finite_weight_is_refused_and_not_written(tmp_path: Path) -> None:
+    """save_checkpoint raises NonFiniteWeightsError and leaves no file when a weight is NaN."""
+    ctx = single()
+    model = nn.Linear(2, 2)
+    T.save_checkpoint(tmp_path / "ok.pt", ctx, model=model)
+    with torch.no_grad():
+        model.bias[0] = float("inf")
+    with pytest.raises(T.NonFiniteWeightsError, match="rank\\(s\\) 0 hold NaN or infinite"):
+        T.save_checkpoint(tmp_path / "bad.pt", ctx, model=model)
+    assert [p.name for p in tmp_path.iterdir()] == ["ok.pt"]

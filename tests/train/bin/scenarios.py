@@ -47,17 +47,23 @@ def save_params(model: nn.Module, path: Path) -> None:
 def train(out: Path, batch: int, epochs: int, dropout: float = 0.0,
           resume: str | None = None, checkpoint_dir: str | None = None,
           kill_at_call: int | None = None, kill_rank: int = 1,
-          nan_at_call: int | None = None, nan_rank: int = 1) -> None:
+          nan_at_call: int | None = None, nan_rank: int = 1,
+          fused: bool = False, amp: str = "off") -> None:
     """Train the tiny MLP with ``fit``; rank 0 saves the final parameters to out/params.pt.
 
     ``kill_at_call``: rank ``kill_rank`` sends itself SIGUSR1 during that loss computation
     (a real signal through the real handler, delivered to one rank only).
     ``nan_at_call``: rank ``nan_rank``'s loss becomes NaN at that call.
+    ``fused``: fused SGD (its update is skipped in the kernel), else torch's default SGD
+    (whose gradients are zeroed instead). When training stops on a NaN, each rank writes
+    out/stopped.rankR.json: the error's steps, the loss calls made, and whether its weights
+    and optimizer state in memory are still finite.
     """
     ctx = T.init_distributed()
     model = T.prepare_model(make_model(dropout), ctx)
     torch.manual_seed(100 + ctx.rank)  # ranks' dropout streams differ, as in real jobs
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = T.make_optimizer("sgd", model.parameters(), ctx.device, lr=0.1, momentum=0.9,
+                                 fused=fused)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     loader = T.make_train_loader(make_data(64), batch, ctx, num_workers=0, seed=3)
     base = nn.CrossEntropyLoss()
@@ -74,10 +80,25 @@ def train(out: Path, batch: int, epochs: int, dropout: float = 0.0,
         return loss
 
     config = T.FitConfig(epochs=epochs, checkpoint_dir=checkpoint_dir, resume=resume,
-                         progress=False)
-    T.fit(model, optimizer, loader, criterion, ctx, config, scheduler=scheduler)
+                         progress=False, amp=amp)
+    try:
+        T.fit(model, optimizer, loader, criterion, ctx, config, scheduler=scheduler)
+    except T.NonFiniteLossError as exc:
+        report_stop(out / f"stopped.rank{ctx.rank}.json", exc, calls, model, optimizer)
+        raise
     if ctx.is_main:
         save_params(model, out / "params.pt")
+
+
+def report_stop(path: Path, exc: T.NonFiniteLossError, calls: int, model: nn.Module,
+                optimizer: torch.optim.Optimizer) -> None:
+    """What a rank knew when it stopped on a NaN, for the tests to compare across ranks."""
+    tensors = list(model.state_dict().values()) + [
+        v for state in optimizer.state.values() for v in state.values()
+        if isinstance(v, torch.Tensor)]
+    path.write_text(json.dumps({
+        "epoch": exc.epoch, "step": exc.step, "stopped_at": exc.stopped_at, "calls": calls,
+        "finite": all(bool(torch.isfinite(t).all()) for t in tensors)}))
 
 
 def evaluate_odd(out: Path, size: int) -> dict[str, int]:
@@ -118,12 +139,16 @@ def main() -> int:
     parser.add_argument("--checkpoint-dir")
     parser.add_argument("--kill-at-call", type=int)
     parser.add_argument("--nan-at-call", type=int)
+    parser.add_argument("--kill-rank", type=int, default=1)
+    parser.add_argument("--fused", action="store_true")
+    parser.add_argument("--amp", default="off")
     parser.add_argument("--size", type=int, default=101)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.scenario == "train":
         train(args.out, args.batch, args.epochs, args.dropout, args.resume, args.checkpoint_dir,
-              args.kill_at_call, nan_at_call=args.nan_at_call)
+              args.kill_at_call, kill_rank=args.kill_rank, nan_at_call=args.nan_at_call,
+              fused=args.fused, amp=args.amp)
     elif args.scenario == "eval":
         evaluate_odd(args.out, args.size)
     else:
