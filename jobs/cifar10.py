@@ -130,7 +130,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--width", type=int, default=64, help="first-stage channels (64 = ResNet-18)")
     p.add_argument("--syncbn", action="store_true", help="SyncBatchNorm across ranks (GPUs)")
-    p.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
+    p.add_argument("--amp", nargs="?", const="auto", default="off", choices=T.AMP_MODES,
+                   help="mixed precision: bf16 (no scaler; GPUs of compute capability 8.0+, "
+                        "CPUs), fp16 (GradScaler; older GPUs), auto (the best the device has; "
+                        "a bare --amp means auto), off")
     p.add_argument("--freeze", action="append", default=[], metavar="GLOB",
                    help="freeze parameters matching GLOB, e.g. 'layer1.*' (repeatable)")
     p.add_argument("--keep", action="append", default=[], metavar="GLOB",
@@ -161,13 +164,14 @@ def main() -> int:
     train_set, test_set, origin = load_data(args)
     if ctx.is_main:
         print(f"{origin}; {ctx.world_size} rank(s) on {ctx.device}, backend "
-              f"{ctx.backend or 'none'}", flush=True)
+              f"{ctx.backend or 'none'}, amp {T.choose_amp(args.amp, ctx.device)}", flush=True)
     model = T.prepare_model(build_model(args.width), ctx, sync_bn=args.syncbn,
                             freeze=args.freeze, keep=args.keep)
     lr = T.scale_lr(args.lr, ctx.world_size, args.scale_lr)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr,
-                                momentum=args.momentum, weight_decay=args.weight_decay,
-                                nesterov=True)
+    # Fused on CUDA: one kernel per step, and a NaN step is skipped inside it (guard.py).
+    optimizer = T.make_optimizer("sgd", [p for p in model.parameters() if p.requires_grad],
+                                 ctx.device, lr=lr, momentum=args.momentum,
+                                 weight_decay=args.weight_decay, nesterov=True)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs))
     train_loader = T.make_train_loader(train_set, args.batch_size, ctx, seed=args.seed,
                                        num_workers=args.workers,

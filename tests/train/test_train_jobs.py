@@ -60,3 +60,17 @@ def test_cifar10_then_infer_under_the_launcher_write_checkpoint_events_and_merge
     rows = [json.loads(line) for line in (tmp_path / "runs/infer/predictions.jsonl").open()]
     assert [r["index"] for r in rows] == list(range(65))
     assert len(list((tmp_path / "runs/infer/shards").glob("predictions.rank*.jsonl"))) == 2
+
+
+def test_cifar10_amp_flag_accepts_modes_and_a_bare_flag_means_auto() -> None:
+    """`--amp` alone is auto (the old switch), `--amp bf16|fp16|off` choose, default is off."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cifar10_job", JOBS / "cifar10.py")
+    job = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(job)  # type: ignore[union-attr]
+    assert [job.parse_args(argv).amp for argv in ([], ["--amp"], ["--amp", "bf16"],
+                                                  ["--amp", "fp16", "--epochs", "1"])] \
+        == ["off", "auto", "bf16", "fp16"]
+    with pytest.raises(SystemExit):
+        job.parse_args(["--amp", "fp8"])
