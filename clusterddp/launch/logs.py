@@ -278,6 +278,7 @@ class WorkerOutput:
                     view = view[os.write(self._log_fd, view):]
             except OSError as exc:
                 failure = exc
+                self.log_error = exc.strerror or type(exc).__name__  # before any other line is shown
                 self._close_log()
         if failure is not None:
             self._log_failed(failure)

@@ -76,24 +76,19 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str,
 
 
 def children() -> set[int]:
-    """Pids of this process's children (live or zombie), from /proc (cheap: one small read
-    per thread; a scan of /proc/*/stat where the kernel lacks the ``children`` file)."""
+    """Pids of this process's children (live or zombie): one small read of the main thread's
+    ``children`` file, since workers are started from the main thread and the kernel hands
+    orphans to the subreaper's first live thread, the main one; a scan of /proc/*/stat where
+    the kernel lacks that file."""
     me = os.getpid()
-    found: set[int] = set()
     try:
-        tids = os.listdir(f"/proc/{me}/task")
-        for tid in tids:
-            with open(f"/proc/{me}/task/{tid}/children") as f:
-                found.update(int(pid) for pid in f.read().split())
-        return found
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            return {int(pid) for pid in f.read().split()}
     except FileNotFoundError:
         pass
     except (OSError, ValueError):
-        return found
-    for pid, stat in _stats():
-        if stat[1] == me:
-            found.add(pid)
-    return found
+        return set()
+    return {pid for pid, stat in _stats() if stat[1] == me}
 
 
 def _stats() -> list[tuple[int, tuple[str, int, int, int]]]:
@@ -153,6 +148,9 @@ def signal_group(pgid: int, sig: int) -> bool:
 def descendants(roots: Iterable[int]) -> list[tuple[int, int]]:
     """(pid, start time) of every live descendant of ``roots``, also ones that left their
     group, from one scan of /proc (no psutil: its import alone costs ~20 ms of teardown)."""
+    todo = list(roots)
+    if not todo:
+        return []
     stats = _stats()
     kids: dict[int, list[int]] = {}
     started: dict[int, int] = {}
@@ -161,7 +159,6 @@ def descendants(roots: Iterable[int]) -> list[tuple[int, int]]:
             kids.setdefault(ppid, []).append(pid)
             started[pid] = start
     found: list[tuple[int, int]] = []
-    todo = list(roots)
     while todo:
         for child in kids.pop(todo.pop(), []):
             found.append((child, started[child]))

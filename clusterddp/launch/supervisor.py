@@ -2,8 +2,10 @@
 
 Follows torch elastic's shape (a process group per worker, SIGTERM then SIGKILL after a grace
 period, signals turned into an orderly stop) and goes beyond it: workers die with the
-launcher (PDEATHSIG + a reaper), whole process trees are reaped, and the report names the
-host, rank, log and last lines of the first failure.
+launcher (PDEATHSIG + a reaper), whole process trees are reaped (the launcher is their child
+subreaper, and the job has its own cgroup v2 where one can be created: procs.py lists what
+each mechanism covers), teardown ends at most grace_period + TEARDOWN_SLACK after the first
+SIGTERM, and the report names the host, rank, log and last lines of the first failure.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ class LocalSupervisor:
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
-        console = self._console = ConsoleSink(prefix=self.options.prefix, ranks=self.options.console_ranks)
+        console = self._sink()
         procs.become_subreaper()
         self._not_adopted = procs.children()
         self._cgroup = JobCgroup.create(self._marker)
@@ -140,11 +142,15 @@ class LocalSupervisor:
         console.settle()
         return code
 
-    def _say(self, text: str) -> None:
-        """A message of the launcher on stderr; a console that went away is not an error."""
+    def _sink(self) -> ConsoleSink:
+        """The one console of this launcher: its messages and every rank's lines."""
         if self._console is None:
             self._console = ConsoleSink(prefix=self.options.prefix, ranks=self.options.console_ranks)
-        self._console.say(text)
+        return self._console
+
+    def _say(self, text: str) -> None:
+        """A message of the launcher on stderr; a console that went away is not an error."""
+        self._sink().say(text)
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Ask the run loop to tear everything down (safe from signal handlers and threads)."""
@@ -209,9 +215,7 @@ class LocalSupervisor:
             os.unlink(plan.error_file)
         except FileNotFoundError:
             pass
-        if self._console is None:
-            self._console = ConsoleSink(prefix=self.options.prefix, ranks=self.options.console_ranks)
-        output = WorkerOutput(plan.rank, self.topology.host, plan.log, self._console)
+        output = WorkerOutput(plan.rank, self.topology.host, plan.log, self._sink())
         proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup)
         reaper.watch(proc.pid)
         output.pump(proc.stdout, proc.stderr)
@@ -419,17 +423,23 @@ class LocalSupervisor:
         if not targets:
             return None
         report = build_report(collect(targets), self.topology.host)
-        path = write_full(report, self.options.run_dir) if self.options.run_dir else None
+        path, problem = None, None
+        try:
+            path = write_full(report, self.options.run_dir) if self.options.run_dir else None
+        except OSError as exc:  # a full log disk must not turn a diagnosis into a crash
+            problem = exc.strerror or type(exc).__name__
         lines = [f"clusterddp: stacks of {len(targets)} worker(s) on {self.topology.host} ({why}):"]
         lines.extend(f"  {line}" for line in report.lines)
         if path:
             lines.append(f"  full dump: {path}")
+        if problem:
+            lines.append(f"  full dump not written: {problem}")
         self._say("\n".join(lines))
-        if self.options.report_json and self._console is not None:
+        if self.options.report_json:
             waiting = sorted(r for r, w in report.where.items() if w.in_collective)
-            self._console.say("CLUSTERDDP_STACKS " + json.dumps({"host": self.topology.host, "why": why,
-                                                                  "ranks": report.summaries(), "waiting": waiting,
-                                                                  "full": path}), stderr=False)
+            data = {"host": self.topology.host, "why": why, "ranks": report.summaries(),
+                    "waiting": waiting, "full": path}
+            self._sink().say("CLUSTERDDP_STACKS " + json.dumps(data), stderr=False)
         return report
 
     def _check_hang(self) -> None:
