@@ -15,6 +15,8 @@ from typing import Iterator
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clusterddp.launch import cgroup
 from clusterddp.launch.logs import LINE_LIMIT, ConsoleSink, WorkerOutput, visible
@@ -150,6 +152,38 @@ def test_visible_keeps_text_tabs_and_utf8() -> None:
     """Only control characters are escaped: text, tabs, newlines and non-ASCII letters pass unchanged."""
     assert visible("naïve\t日本 ok\n".encode()) == "naïve\t日本 ok\n".encode()
     assert visible(b"\x1b[31mred\x1b[0m\r\n") == b"\\x1b[31mred\\x1b[0m\\r\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=st.lists(st.one_of(st.binary(max_size=300), st.sampled_from([b"\n", b"\x1b[2J", b"\r\n"]),
+                                 st.integers(LINE_LIMIT - 2, LINE_LIMIT + 70000).map(lambda n: b"z" * n)),
+                       max_size=12))
+def test_any_chunking_keeps_the_file_raw_and_the_console_whole(tmp_path_factory: pytest.TempPathFactory,
+                                                               pieces: list[bytes]) -> None:
+    """Whatever the bytes and however the pipe splits them: the file gets them unchanged, the console whole, visible lines."""
+    data = b"".join(pieces)
+    shown_lines: list[bytes] = []
+
+    class Recording(ConsoleSink):
+        def write(self, label: bytes, line: bytes, stderr: bool) -> None:
+            shown_lines.append(line)
+
+    directory = tmp_path_factory.mktemp("chunks")
+    log = directory / "rank0.log"
+    (directory / "pieces").write_text("\n".join(p.hex() for p in pieces if p))
+    read_end, write_end = os.pipe()
+    writer = "import os, sys\nfor p in open(sys.argv[1]).read().split(): os.write(1, bytes.fromhex(p))"
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(directory / "pieces")], stdout=write_end)
+    os.close(write_end)
+    output = WorkerOutput(0, "h", str(log), Recording(prefix=False))
+    output.pump(os.fdopen(read_end, "rb"), None)
+    proc.wait(timeout=30)
+    output.close(time.monotonic() + 10)
+    assert log.read_bytes() == (data if not data or data.endswith(b"\n") else data + b"\n")
+    console = b"".join(shown_lines)
+    assert not any(byte in console for byte in CONTROL_BYTES)
+    assert console.count(b"\n") == (data if data.endswith(b"\n") or not data else data + b"\n").count(b"\n")
+    assert all(len(line) <= LINE_LIMIT + 100 for line in console.split(b"\n"))
 
 
 # -- nothing outlives the job ------------------------------------------------------------------
