@@ -33,8 +33,7 @@ WORLD_SIZE = "WORLD_SIZE"
 #: A v1 pod without PET_*: all four are set (only with a Master replica).
 V1_POD = (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
 #: Set by an agent (torchrun, clusterddp) in each worker it starts, never by the operator.
-WORKER_MARKERS = ("LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
-                  "NODE_RANK")
+WORKER_MARKERS = ("LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 #: Another scheduler's own variables: a batch script that exports RANK and WORLD_SIZE (often a
 #: process count) is placed by that scheduler, as before, never as a Kubeflow pod.
 OTHER_SCHEDULERS = ("SLURM_JOB_ID", "SLURM_JOBID", "PAI_TASK_INDEX", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX",

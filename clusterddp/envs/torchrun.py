@@ -6,13 +6,13 @@ before the schedulers: such a wrapper can itself run inside a SLURM allocation, 
 choice of master is the one the other nodes use.
 
 An environment that asks for an elastic rendezvous (``PET_RDZV_*``, ``PET_NNODES=1:4``) is not
-placed here unless an agent already placed it (``GROUP_RANK``): ``KubeflowEnv`` refuses it.
+placed here unless an agent already placed it (a worker's ``GROUP_RANK``, ``LOCAL_RANK``): ``KubeflowEnv`` refuses it.
 """
 
 from __future__ import annotations
 
 from clusterddp.envs.base import ClusterEnv, Placement
-from clusterddp.envs.kubeflow import PET_NNODES, elastic_variables, pet_nnodes
+from clusterddp.envs.kubeflow import PET_NNODES, elastic_variables, is_worker, pet_nnodes
 from clusterddp.errors import EnvironmentDetectionError
 from clusterddp.validate import MAX_COUNT, MAX_NODES
 
@@ -33,9 +33,9 @@ class TorchrunEnv(ClusterEnv):
     def detected(self) -> bool:
         if self.first_var(*MASTER_ADDR) is None or self.first_var(*NODE_RANK) is None:
             return False
-        # An agent's GROUP_RANK is a placement already made; without it, rendezvous variables
-        # mean the ranks are not fixed yet (KubeflowEnv refuses that in one line).
-        return self.raw_var("GROUP_RANK") is not None or not elastic_variables(self.env)
+        # A worker's agent (GROUP_RANK, LOCAL_RANK...) made the placement already; otherwise
+        # rendezvous variables mean the ranks are not fixed yet (KubeflowEnv refuses that).
+        return is_worker(self.env) or not elastic_variables(self.env)
 
     def placement(self) -> Placement:
         node_rank = self.first_int_var(*NODE_RANK, high=MAX_NODES - 1)
