@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from clusterddp.envs.base import ClusterEnv, Placement
 from clusterddp.errors import EnvironmentDetectionError
-from clusterddp.validate import MAX_NODES
+from clusterddp.validate import MAX_NODES, host_problem
 
 
 class ExplicitEnv(ClusterEnv):
@@ -27,6 +27,8 @@ class ExplicitEnv(ClusterEnv):
             raise EnvironmentDetectionError(
                 f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
         addr = self.overrides.master_addr
+        if addr is not None and host_problem(addr) is not None:
+            raise EnvironmentDetectionError(f"--master-addr: {host_problem(addr)}")
         if addr is None and nnodes == 1:
             addr = "127.0.0.1"
         return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank, master_addr=addr,

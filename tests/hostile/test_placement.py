@@ -275,3 +275,10 @@ def test_cluster_ids_become_safe_run_ids_alike_on_every_node(raw: str) -> None:
                      {}).master_port for i in (0, 1)}
     assert ports == {23456}
     assert derive_port(run_id) == derive_port(as_token(raw))
+
+
+@pytest.mark.parametrize("addr", ["h\nx", "-oProxyCommand=x", "a b", "x" * 300])
+def test_explicit_master_addr_is_a_host_name(addr: str) -> None:
+    """--master-addr obeys the same host rule as MASTER_ADDR: one line naming the flag."""
+    with pytest.raises(EnvironmentDetectionError, match="--master-addr: expected a host name"):
+        detect({}, Overrides(nnodes=2, node_rank=0, master_addr=addr)).placement()
