@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Mapping
 
 from clusterddp.errors import EnvironmentDetectionError
-from clusterddp.validate import (MAX_COUNT, MAX_NODES, MAX_WORKERS_ENV, as_token, host_problem, id_problem, int_text_problem,
-                                 max_workers_per_node)
+from clusterddp.validate import (MAX_COUNT, MAX_NODES, MAX_WORKERS_ENV, as_token, host_problem, id_problem,
+                                 int_text_problem, max_workers_per_node)
 
 if TYPE_CHECKING:
     from clusterddp.spec import JobSpec
@@ -154,15 +154,15 @@ class ClusterEnv(ABC):
         return None
 
     def id_var(self, *names: str) -> str | None:
-        """An id the cluster chose (a job id, ``user~job``), made into a run-id token that
-        every node derives alike; a control character or an over-long id is an error."""
+        """An id the cluster chose (a job id, ``user~job``): one bounded line, else an error.
+        It becomes a run id through ``run_id_from`` once composed (array ids, attempts)."""
         for name in names:
             raw = self.raw_var(name)
             if raw is not None:
                 problem = id_problem(raw)
                 if problem is not None:
                     raise self.error(name, problem)
-                return as_token(raw)
+                return raw
         return None
 
     def workers_var(self, name: str) -> int | None:
@@ -173,3 +173,9 @@ class ClusterEnv(ABC):
             raise self.error(name, f"{count} workers on one node is over the bound of {bound}",
                              f"set {MAX_WORKERS_ENV} to go past it")
         return count
+
+
+def run_id_from(cluster_id: str | None) -> str | None:
+    """The run id (a directory under logs/, the seed of the derived port) made from an id the
+    cluster chose: a plain token, the same on every node (``validate.as_token``)."""
+    return as_token(cluster_id) if cluster_id is not None else None

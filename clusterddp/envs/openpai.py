@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clusterddp.envs.base import ClusterEnv, Placement
+from clusterddp.envs.base import ClusterEnv, Placement, run_id_from
 from clusterddp.errors import EnvironmentDetectionError
 from clusterddp.sections.openpai import RESERVED_PORT_LABELS, OpenPAISpec
 from clusterddp.validate import (ENV_NAME, MAX_COUNT, MAX_NODES, MAX_WORKERS_ENV, max_workers_per_node,
@@ -235,7 +235,7 @@ class OpenPAIEnv(ClusterEnv):
         if framework is None:
             return None
         attempt = self.first_int_var(ATTEMPT, high=MAX_COUNT)
-        return f"{framework}-attempt{attempt}" if attempt is not None else framework
+        return run_id_from(f"{framework}-attempt{attempt}" if attempt is not None else framework)
 
     def _first_port(self, variable: str, raw: str) -> int:
         """The first port of a comma-separated list, strictly 1-65535."""

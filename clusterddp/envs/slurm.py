@@ -26,7 +26,7 @@ import re
 import shutil
 import sys
 
-from clusterddp.envs.base import ClusterEnv, Placement
+from clusterddp.envs.base import ClusterEnv, Placement, run_id_from
 from clusterddp.errors import EnvironmentDetectionError, HostlistError
 from clusterddp.hostlist import expand_hostlist
 from clusterddp.validate import MAX_COUNT, MAX_NODES, MAX_VALUE_CHARS, host_problem, line_problem, shown
@@ -185,8 +185,8 @@ class SlurmEnv(ClusterEnv):
         """The job id; an array element's own id is ``ARRAYID_TASKID`` so its port differs."""
         array_id, task_id = self.id_var(ARRAY_JOB_ID), self.id_var(ARRAY_TASK_ID)
         if array_id and task_id:
-            return f"{array_id}_{task_id}"
-        return self.id_var(*JOB_ID)
+            return run_id_from(f"{array_id}_{task_id}")
+        return run_id_from(self.id_var(*JOB_ID))
 
     def _gpus(self) -> int | None:
         return self.workers_var(GPUS_ON_NODE) or None

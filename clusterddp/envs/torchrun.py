@@ -11,7 +11,7 @@ placed here unless an agent already placed it (a worker's ``GROUP_RANK``, ``LOCA
 
 from __future__ import annotations
 
-from clusterddp.envs.base import ClusterEnv, Placement
+from clusterddp.envs.base import ClusterEnv, Placement, run_id_from
 from clusterddp.envs.kubeflow import PET_NNODES, elastic_variables, is_worker, pet_nnodes
 from clusterddp.errors import EnvironmentDetectionError
 from clusterddp.validate import MAX_COUNT, MAX_NODES
@@ -46,7 +46,7 @@ class TorchrunEnv(ClusterEnv):
             raise self.error(self.which(*NODE_RANK), f"node rank {node_rank} is outside 0..{nnodes - 1}")
         return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank,
                          master_addr=self.host_var(*MASTER_ADDR), master_port=self.port_var(*MASTER_PORT),
-                         nproc_per_node=nproc, run_id=self.id_var(*RUN_ID))
+                         nproc_per_node=nproc, run_id=run_id_from(self.id_var(*RUN_ID)))
 
     def _nnodes(self, nproc: int | None) -> int:
         """GROUP_WORLD_SIZE (or NNODES, PET_NNODES), else WORLD_SIZE / LOCAL_WORLD_SIZE."""

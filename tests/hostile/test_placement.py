@@ -262,9 +262,10 @@ def test_empty_variables_mean_unset() -> None:
     assert placement.master_port is None and placement.run_id is None
 
 
-@pytest.mark.parametrize("raw", ["alice~ddp", "../../etc", "a/b\\c", "..", "-rf", "\udcffjob", "x" * 300, "ünï cödé"])
+@pytest.mark.parametrize("raw", ["alice~ddp", "../../etc", "a/b\\c", "..", "-rf", "\udcffjob", "x" * 300,
+                                 "ünï cödé"])
 def test_cluster_ids_become_safe_run_ids_alike_on_every_node(raw: str) -> None:
-    """An id the cluster chose becomes a plain token (no '/', no leading '.' or '-', bounded), the same on every task."""
+    """A cluster's id becomes a plain token (no '/', no leading '.' or '-', bounded), the same on every task."""
     runs = {detect({**OPENPAI, "PAI_JOB_NAME": raw, "PAI_TASK_INDEX": str(i)}).placement().run_id for i in (0, 1)}
     assert len(runs) == 1
     run_id = runs.pop()
@@ -275,6 +276,16 @@ def test_cluster_ids_become_safe_run_ids_alike_on_every_node(raw: str) -> None:
                      {}).master_port for i in (0, 1)}
     assert ports == {23456}
     assert derive_port(run_id) == derive_port(as_token(raw))
+
+
+def test_composed_run_ids_stay_tokens() -> None:
+    """A long job name plus the attempt, or a SLURM array id, still gives a run id the topology accepts."""
+    env = {**OPENPAI, "PAI_JOB_NAME": "a~" + "b" * 500, "FC_FRAMEWORK_ATTEMPT_ID": "12"}
+    job = JobSpec(name="j", script="t.py", nproc_per_node=1)
+    run_id = resolve(job, detect(env).placement(), {}).run_id
+    assert len(run_id) <= 128 and run_id == as_token("a~" + "b" * 500 + "-attempt12")
+    step = {**STEP, "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "x/../2"}
+    assert detect(step).placement().run_id == "40_x_.._2"
 
 
 @pytest.mark.parametrize("addr", ["h\nx", "-oProxyCommand=x", "a b", "x" * 300])
