@@ -11,12 +11,13 @@ Modes (``cpu_affinity`` in the job file, ``--cpu-affinity`` on the command line)
 
 - ``auto`` (default): ``exclusive`` on GPU nodes; on CPU-only nodes, disjoint shares of the
   launcher's CPUs, whole physical cores first.
-- ``exclusive``: the allowed CPUs of the GPU's NUMA node, whole physical cores split evenly
-  between the workers whose GPUs share that node (torchrun's ``exclusive``).
-- ``node``: every allowed CPU of the GPU's NUMA node (torchrun's ``node``).
-- ``socket``: every allowed CPU of the NUMA nodes of the GPU's socket.
-- ``core-complex``: one L3-cache group of the GPU's NUMA node per worker, distinct while
-  there are enough groups.
+- ``exclusive``: the allowed CPUs next to the GPU (its PCI device's ``local_cpulist``, which
+  is its NUMA node's CPUs), whole physical cores split evenly between the workers whose GPUs
+  share them (torchrun's ``exclusive``).
+- ``node``: every allowed CPU next to the GPU (torchrun's ``node``).
+- ``socket``: every allowed CPU of the socket(s) of those CPUs.
+- ``core-complex``: one last-level-cache group of the CPUs next to the GPU per worker,
+  distinct while there are enough groups.
 - ``none``: no binding.
 
 A binding is only ever a subset of the launcher's own affinity mask (what SLURM's cgroup or
@@ -133,6 +134,19 @@ def gpu_numa_node(pci_address: str | None, sysfs: str = "/sys") -> int | None:
     return max(int(raw), 0)
 
 
+def gpu_local_cpus(pci_address: str | None, sysfs: str = "/sys") -> tuple[int, ...] | None:
+    """The CPUs next to a GPU: the device's ``local_cpulist``, else its NUMA node's CPUs."""
+    if not pci_address:
+        return None
+    cpus = parse_cpulist(_read(f"{sysfs}/bus/pci/devices/{pci_address}/local_cpulist") or "")
+    if not cpus:
+        node = gpu_numa_node(pci_address, sysfs)
+        if node is None:
+            return None
+        cpus = parse_cpulist(_read(f"{sysfs}/devices/system/node/node{node}/cpulist") or "")
+    return tuple(cpus) or None
+
+
 @dataclass(frozen=True)
 class Binding:
     """One CPU set per local rank (None: not bound), and why it is what it is."""
@@ -146,34 +160,37 @@ class Binding:
 
 
 def plan_binding(mode: str, nproc: int, topology: CpuTopology,
-                 gpu_numa: Sequence[int | None] = ()) -> Binding:
-    """The CPU set of each of ``nproc`` workers; worker i uses GPU i when there are GPUs."""
+                 gpu_cpus: Sequence[tuple[int, ...] | None] = ()) -> Binding:
+    """The CPU set of each of ``nproc`` workers; worker i uses GPU i when there are GPUs,
+    and ``gpu_cpus[i]`` are the CPUs next to that GPU (``gpu_local_cpus``)."""
     if mode not in MODES:
         raise ValueError(f"unknown cpu affinity mode {mode!r}")
     if mode == "none" or nproc < 1 or not topology.allowed:
         return Binding((None,) * max(nproc, 0))
-    on_gpus = len(gpu_numa) >= nproc and all(node is not None for node in gpu_numa[:nproc])
-    if gpu_numa and not on_gpus:
-        note = "the GPUs' NUMA nodes are unknown (no bus id from nvidia-smi): CPU shares instead"
+    on_gpus = len(gpu_cpus) >= nproc and all(cpus is not None for cpus in gpu_cpus[:nproc])
+    if gpu_cpus and not on_gpus:
+        note = "the GPUs' CPUs are unknown (no PCI address from nvidia-smi, or a MIG instance): CPU shares instead"
         return _split(nproc, topology.allowed, topology, (note,))
     if not on_gpus:
         return _split(nproc, topology.allowed, topology, ())
-    nodes = [int(node) for node in gpu_numa[:nproc]]  # type: ignore[arg-type]
+    near = [frozenset(cpus or ()) for cpus in gpu_cpus[:nproc]]
+    allowed = set(topology.allowed)
     per_worker: list[tuple[int, ...] | None] = []
     notes: list[str] = []
-    for rank, node in enumerate(nodes):
-        local = tuple(c for c in topology.allowed if topology.numa.get(c, 0) == node)
+    for rank, cpus in enumerate(near):
+        local = tuple(sorted(cpus & allowed))
         if not local:
-            notes.append(f"local rank {rank}: no allowed CPU on NUMA node {node}: not bound")
+            notes.append(f"local rank {rank}: none of its GPU's CPUs ({format_cpulist(cpus)}) is allowed: not bound")
             per_worker.append(None)
             continue
-        peers = [r for r, n in enumerate(nodes) if n == node]
+        peers = [r for r, other in enumerate(near) if other == cpus]
         per_worker.append(_on_node(mode, rank, peers, local, topology, notes))
     return Binding(tuple(per_worker), tuple(dict.fromkeys(notes)))
 
 
 def _on_node(mode: str, rank: int, peers: list[int], local: tuple[int, ...], topology: CpuTopology,
              notes: list[str]) -> tuple[int, ...] | None:
+    """One worker's CPUs among ``local`` (those next to its GPU), shared with ``peers``."""
     if mode == "node":
         return local
     if mode == "socket":
@@ -183,8 +200,7 @@ def _on_node(mode: str, rank: int, peers: list[int], local: tuple[int, ...], top
         groups = _groups(local, topology.llc)
         return groups[peers.index(rank) % len(groups)]
     shares = _split(len(peers), local, topology, ())
-    if shares.notes:
-        notes.extend(shares.notes)
+    notes.extend(shares.notes)
     return shares.cpus[peers.index(rank)]
 
 

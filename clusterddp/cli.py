@@ -17,6 +17,7 @@ import typing
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterddp import __version__, validate
+from clusterddp.affinity import MODES as AFFINITY_MODES
 from clusterddp.errors import ClusterDDPError
 
 if TYPE_CHECKING:  # imported lazily at run time: `clusterddp --help` should not pay for YAML
@@ -144,6 +145,14 @@ def _text(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
     return _checked(str, problem_of)
 
 
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def convert(raw: str) -> str:
+        if raw in options:
+            return raw
+        raise _Problem(f"expected one of {', '.join(options)}, got {validate.shown(raw)}")
+    return convert
+
+
 def _node_rank(value: int) -> str | None:
     return None if 0 <= value < validate.MAX_NODES else f"must be 0-{validate.MAX_NODES - 1}, got {value}"
 
@@ -166,11 +175,12 @@ FLAGS: dict[str, tuple[str, Callable[[str], Any], str | None]] = {
     "master_port": ("--master-port", _checked(_integer, validate.port_problem), "CLUSTERDDP_MASTER_PORT"),
     "run_id": ("--run-id", _text(_run_id), "CLUSTERDDP_RUN_ID"),
     "hostfile": ("--hostfile", _text(validate.path_problem), "CLUSTERDDP_HOSTFILE"),
-    "restarts": ("--restarts", _checked(_integer, validate.non_negative_problem), None),
-    "grace_period": ("--grace-period", _checked(_number, validate.seconds_problem), None),
-    "python": ("--python", _text(validate.path_problem), None),
-    "log_dir": ("--log-dir", _text(validate.path_problem), None),
-    "log_ranks": ("--log-ranks", _ranks, None),
+    "restarts": ("--restarts", _checked(_integer, validate.non_negative_problem), "CLUSTERDDP_RESTARTS"),
+    "grace_period": ("--grace-period", _checked(_number, validate.seconds_problem), "CLUSTERDDP_GRACE_PERIOD"),
+    "python": ("--python", _text(validate.path_problem), "CLUSTERDDP_PYTHON"),
+    "log_dir": ("--log-dir", _text(validate.path_problem), "CLUSTERDDP_LOG_DIR"),
+    "log_ranks": ("--log-ranks", _ranks, "CLUSTERDDP_LOG_RANKS"),
+    "cpu_affinity": ("--cpu-affinity", _choice(AFFINITY_MODES), "CLUSTERDDP_CPU_AFFINITY"),
     "heartbeat_timeout": ("--heartbeat-timeout", _checked(_number, validate.positive_seconds_problem), None),
     "timeout": ("--timeout", _checked(_number, validate.positive_seconds_problem), None),
     "iters": ("--iters", _checked(_integer, validate.workers_problem), None),
@@ -248,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     opts.add_argument("--log-dir", help="per-rank log files go to DIR/<run-id>/")
     opts.add_argument("--log-ranks", help="show only these ranks on the console, e.g. 0,1")
     opts.add_argument("--no-prefix", action="store_true", help="no [host rank R] prefix on console lines")
+    gpu = run.add_argument_group("devices")
+    gpu.add_argument("--cpu-affinity", help="CPUs of each worker: " + ", ".join(AFFINITY_MODES)
+                     + " (default auto: the cores of its GPU's NUMA node, or a disjoint share)")
+    gpu.add_argument("--virtual-local-rank", action="store_true",
+                     help="each worker sees only its own GPU, as device 0, with LOCAL_RANK=0 (as torchrun)")
     internal = run.add_argument_group("used by the SSH head on remote hosts")
     internal.add_argument("--watch-stdin", action="store_true",
                           help="stop the workers when stdin closes or its heartbeat stops")
@@ -286,9 +301,11 @@ def _load(args: argparse.Namespace) -> JobSpec:
         raise ClusterDDPError("give a job file or a command after '--', not both")
     job = load_job(args.job) if args.job else job_from_command(args.script_command)
     changes: dict[str, object] = {"nproc_per_node": args.nproc_per_node}
-    for name in ("restarts", "grace_period", "python"):
+    for name in ("restarts", "grace_period", "python", "cpu_affinity"):
         changes[name] = getattr(args, name, None)
-    given = {key: FLAGS[key][0] for key, value in changes.items() if value is not None}
+    changes["virtual_local_rank"] = True if getattr(args, "virtual_local_rank", False) else None
+    flags = {name: flag for name, (flag, _, _) in FLAGS.items()} | {"virtual_local_rank": "--virtual-local-rank"}
+    given = {key: flags[key] for key, value in changes.items() if value is not None}
     logs = job.logs
     if getattr(args, "log_dir", None):
         logs = replace(logs, dir=args.log_dir)

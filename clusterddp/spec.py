@@ -76,6 +76,12 @@ class JobSpec:
     nodes: int = field(default=1, metadata=check(nodes_problem))
     nproc_per_node: NprocPerNode = field(default="auto", metadata=check(_nproc))
     backend: Literal["auto", "nccl", "gloo"] = "auto"
+    #: CPUs of each worker (clusterddp.affinity): the cores of its GPU's NUMA node, split
+    #: between the workers sharing it; disjoint shares on CPU-only nodes; ``none``: unbound.
+    cpu_affinity: Literal["auto", "exclusive", "node", "socket", "core-complex", "none"] = "auto"
+    #: As torchrun's --virtual-local-rank: each worker sees only its own GPU, as cuda:0, and
+    #: LOCAL_RANK=0 (CUDA_VISIBLE_DEVICES=<its GPU>), so it cannot touch a neighbour's GPU.
+    virtual_local_rank: bool = False
     env: dict[str, str] = field(default_factory=dict, metadata=check(_names(env_name_problem)))
     #: Names of the launcher's variables every worker gets (secrets: WANDB_API_KEY, HF_TOKEN):
     #: copied by name at start, over SSH too, ``--export``-ed by name into sbatch; the value is

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from clusterddp.devices import cpu_count, gpu_count
+from clusterddp.devices import GpuInventory, cpu_count, gpu_inventory
 from clusterddp.envs.base import Placement
 from clusterddp.errors import EnvironmentDetectionError, LaunchError
 from clusterddp.spec import JobSpec
@@ -25,6 +25,10 @@ from clusterddp.validate import nodes_problem, port_problem, token_problem, work
 #: so a derived port does not collide with outgoing connections' ports.
 PORT_BASE = 20000
 PORT_SPAN = 12000
+#: Workers of ``nproc_per_node: auto`` on a node without a visible GPU: enough to exercise
+#: DDP (gradient all-reduce, sharded data) without taking every core of a laptop or login
+#: node; ``cpu`` asks for one per core.
+CPU_AUTO_WORKERS = 2
 #: The signals the launcher turns into an orderly stop, announced to workers as torchrun does.
 STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
@@ -118,8 +122,13 @@ def check_port_free(addr: str, port: int) -> None:
                               "choose another with --master-port or master.port in the job file") from None
 
 
-def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str]) -> int:
-    """Workers on this node: the job's number, else what the scheduler gave, else devices."""
+def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str],
+                  gpus: GpuInventory | None = None) -> int:
+    """Workers on this node: the job's number, else what the scheduler gave, else devices.
+
+    ``auto``: one per visible GPU; on a node without one, ``CPU_AUTO_WORKERS`` (torchrun's
+    ``auto`` takes every CPU core instead: ask for that with ``cpu``).
+    """
     request = job.nproc_per_node
     if isinstance(request, int):
         problem = workers_problem(request)
@@ -128,16 +137,30 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str]) ->
         return request
     if request == "cpu":
         return cpu_count()
-    gpus = gpu_count(env)
-    if request == "gpu" and gpus == 0:
-        raise EnvironmentDetectionError("nproc_per_node is 'gpu' but this node has no visible GPU",
-                                        "use 'auto' or a number to run on CPU slots")
+    inventory = gpus if gpus is not None else gpu_inventory(env, query=False)
+    if request == "gpu" and inventory.count == 0:
+        raise EnvironmentDetectionError(
+            f"{job.where('nproc_per_node')}: 'gpu' but this node has no visible GPU ({inventory.source})",
+            "use 'auto' or a number to run on CPU slots")
     if placement.nproc_per_node:
         problem = workers_problem(placement.nproc_per_node)
         if problem:
             raise EnvironmentDetectionError(f"{placement.env}: workers per node: {problem}")
         return placement.nproc_per_node
-    return gpus or cpu_count()  # 'auto', as torchrun: GPUs if any, else CPU cores
+    if inventory.count:
+        return inventory.count
+    return CPU_AUTO_WORKERS if request == "auto" else cpu_count()
+
+
+def check_gpu_workers(job: JobSpec, nproc: int, backend: str, gpus: GpuInventory) -> None:
+    """nccl needs a GPU per worker: two ranks on one GPU die in CUDA or NCCL ("invalid device
+    ordinal", "duplicate GPU detected") with a 20-line traceback, long after the start."""
+    if backend != "nccl" or nproc <= gpus.count:
+        return
+    raise EnvironmentDetectionError(
+        f"{job.where('nproc_per_node')}: {nproc} nccl worker(s) but this node has {gpus.count} visible "
+        f"GPU(s) ({gpus.source})",
+        "one worker per GPU: nproc_per_node auto (or a smaller number); or backend: gloo to run on CPU")
 
 
 def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
@@ -152,7 +175,8 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
             f"{placement.env} says this job has {placement.nnodes} node(s) but --nnodes says {nnodes}",
             "drop --nnodes, or also give --node-rank and --master-addr to place this node by hand")
     _check_placement(placement)
-    nproc = resolve_nproc(job, placement, env)
+    gpus = gpu_inventory(env, query=False)
+    nproc = resolve_nproc(job, placement, env, gpus)
     run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or _default_run_id(job, placement)
     if token_problem(run_id, "a run id"):  # it names the log directory: never a path
         raise EnvironmentDetectionError(f"{placement.env}: run id: {token_problem(run_id, 'a run id')}")
@@ -166,8 +190,8 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
         port = free_port() if placement.nnodes == 1 and _is_loopback(addr) else derive_port(run_id)
     if port_problem(port):
         raise EnvironmentDetectionError(f"{placement.env}: master port: {port_problem(port)}")
-    gpus = gpu_count(env)
-    backend = job.backend if job.backend != "auto" else ("nccl" if gpus > 0 else "gloo")
+    backend = job.backend if job.backend != "auto" else ("nccl" if gpus.count > 0 else "gloo")
+    check_gpu_workers(job, nproc, backend, gpus)
     return Topology(env=placement.env, nnodes=placement.nnodes, node_rank=placement.node_rank,
                     nproc_per_node=nproc, master_addr=addr, master_port=port, run_id=run_id,
                     backend=backend, host=socket.gethostname(), hosts=placement.hosts,

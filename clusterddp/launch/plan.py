@@ -11,7 +11,8 @@ import shutil
 import sys
 from typing import Mapping
 
-from clusterddp.devices import cpu_count
+from clusterddp import affinity
+from clusterddp.devices import cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
 from clusterddp.launch import bootstrap
 from clusterddp.launch.supervisor import HEARTBEAT_ENV, WorkerPlan
@@ -45,20 +46,52 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         "PYTHONUNBUFFERED": "1",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # as torchrun: a dead peer raises, not hangs
     }
+    binding = cpu_binding(job, topology, base_env)
     plans = []
     for local_rank in range(topology.nproc_per_node):
         rank = topology.global_rank(local_rank)
+        cpus = binding.cpus[local_rank]
         error_file = os.path.join(logs, f"rank{rank}.error.json")
         env = dict(base_env)
         env[bootstrap.STACKS_ENV] = os.path.join(logs, f"rank{rank}.stacks")
         env[HEARTBEAT_ENV] = os.path.join(logs, f"rank{rank}.heartbeat")
         for key, value in defaults.items():
             env.setdefault(key, value)
+        if cpus is not None and "OMP_NUM_THREADS" not in base_env:
+            env["OMP_NUM_THREADS"] = str(len(cpus))  # one thread per CPU of its own
         env.update(job.env)
         env.update(topology.worker_env(local_rank, 0, job.restarts, error_file))
+        if job.virtual_local_rank:
+            env.update(virtual_device_env(job, local_rank, base_env))
         plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir,
-                                log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file))
+                                log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file,
+                                cpus=cpus))
     return plans
+
+
+def cpu_binding(job: JobSpec, topology: Topology, base_env: Mapping[str, str]) -> affinity.Binding:
+    """Each worker's CPUs: near its GPU when the workers use GPUs (nccl), else a CPU share."""
+    if job.cpu_affinity == "none":
+        return affinity.Binding((None,) * topology.nproc_per_node)
+    near_gpu: list[tuple[int, ...] | None] = []
+    if topology.backend == "nccl":
+        gpus = gpu_inventory(base_env)
+        near_gpu = [affinity.gpu_local_cpus(g.pci_address) for g in gpus.gpus[:topology.nproc_per_node]]
+    return affinity.plan_binding(job.cpu_affinity, topology.nproc_per_node, affinity.read_topology(), near_gpu)
+
+
+def virtual_device_env(job: JobSpec, local_rank: int, base_env: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's --virtual-local-rank: the worker sees only its GPU, as device 0.
+
+    The GPU is the ``local_rank``-th entry of the launcher's CUDA_VISIBLE_DEVICES (an index,
+    a UUID or a MIG id, passed on as written), or of nvidia-smi's list when that is unset.
+    """
+    gpus = gpu_inventory(base_env, query=False)
+    if local_rank >= gpus.count:
+        raise LaunchError(f"{job.where('virtual_local_rank')}: local rank {local_rank} has no GPU of its own: "
+                          f"this node has {gpus.count} visible GPU(s) ({gpus.source})",
+                          "one worker per GPU (nproc_per_node: auto), or drop virtual_local_rank")
+    return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": gpus.gpus[local_rank].entry}
 
 
 def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
@@ -127,6 +160,8 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
         f"run id {topology.run_id}",
     ]
     lines.extend(f"note: {note}" for note in topology.notes)
+    lines.append(f"cpu affinity: {job.cpu_affinity}")
+    lines.extend(f"note: {note}" for note in cpu_binding(job, topology, base_env).notes)
     lines.append("")
     lines.append(f"{'node rank':>9}  {'host':<24} global ranks")
     for node in _table_nodes(topology):
@@ -143,6 +178,7 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
         lines.append(f"rank {plan.rank} (local {plan.local_rank}): cd {plan.cwd}")
         lines.append("  argv: " + shlex.join(plan.argv))
         lines.append(f"  log:  {plan.log}")
+        lines.append("  cpus: " + ("not bound" if plan.cpus is None else affinity.format_cpulist(plan.cpus)))
         for key in sorted(plan.env):
             if base_env.get(key) != plan.env[key]:
                 lines.append(f"  {key}={plan.env[key]}")

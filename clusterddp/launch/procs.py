@@ -52,10 +52,16 @@ def become_subreaper() -> bool:
     return _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _die_with_parent(parent_pid: int, join: Callable[[], None] | None) -> None:
+def _die_with_parent(parent_pid: int, join: Callable[[], None] | None,
+                     cpus: tuple[int, ...] | None = None) -> None:
     """Runs in the child between fork and exec."""
     if join is not None:
         join()  # into the job's cgroup before anything of the worker runs
+    if cpus:
+        try:  # before exec, so every thread the interpreter and torch start inherits it
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass  # CPUs taken away since the plan (cpuset change): run unbound, never fail
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -63,7 +69,8 @@ def _die_with_parent(parent_pid: int, join: Callable[[], None] | None) -> None:
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str,
-          cgroup: "cgroups.JobCgroup | None" = None) -> subprocess.Popen[bytes]:
+          cgroup: "cgroups.JobCgroup | None" = None,
+          cpus: tuple[int, ...] | None = None) -> subprocess.Popen[bytes]:
     """Start one worker in its own session (and the job's cgroup), piped, killed by the
     kernel if we die."""
     parent = os.getpid()
@@ -71,7 +78,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str,
     return subprocess.Popen(
         list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=lambda: _die_with_parent(parent, join), close_fds=True,
+        preexec_fn=lambda: _die_with_parent(parent, join, cpus), close_fds=True,
     )
 
 

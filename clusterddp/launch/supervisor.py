@@ -57,6 +57,8 @@ class WorkerPlan:
     cwd: str
     log: str
     error_file: str
+    #: CPUs the worker may run on (clusterddp.affinity); None: the launcher's own mask.
+    cpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,7 @@ class LocalSupervisor:
         except FileNotFoundError:
             pass
         output = WorkerOutput(plan.rank, self.topology.host, plan.log, self._sink())
-        proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup)
+        proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
         reaper.watch(proc.pid)
         output.pump(proc.stdout, proc.stderr)
         return _Worker(plan=plan, proc=proc, output=output, pgid=proc.pid)

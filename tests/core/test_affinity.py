@@ -10,6 +10,7 @@ import pytest
 from clusterddp.affinity import (
     CpuTopology,
     format_cpulist,
+    gpu_local_cpus,
     gpu_numa_node,
     parse_cpulist,
     plan_binding,
@@ -19,6 +20,7 @@ from clusterddp.affinity import (
 # A two-socket GPU node as sysfs shows it: NUMA node 0 = cpus 0-7, node 1 = cpus 8-15;
 # hyperthread siblings are (0,1), (2,3)...; one L3 per 4 cpus; GPUs 0,1 on node 0, 2,3 on node 1.
 GPU_ADDRESSES = ("0000:18:00.0", "0000:3b:00.0", "0000:86:00.0", "0000:af:00.0")
+NODE0, NODE1 = tuple(range(8)), tuple(range(8, 16))
 
 
 def fake_sysfs(root: Path, *, gpu_nodes: tuple[int, ...] = (0, 0, 1, 1)) -> Path:
@@ -40,8 +42,10 @@ def fake_sysfs(root: Path, *, gpu_nodes: tuple[int, ...] = (0, 0, 1, 1)) -> Path
         l3 = cpu - cpu % 4
         write(f"{base}/cache/index3/level", "3")
         write(f"{base}/cache/index3/shared_cpu_list", f"{l3}-{l3 + 3}")
-    for address, node in zip(GPU_ADDRESSES, gpu_nodes):
+    for index, (address, node) in enumerate(zip(GPU_ADDRESSES, gpu_nodes)):
         write(f"bus/pci/devices/{address}/numa_node", str(node))
+        if index % 2 == 0:  # half the devices also have local_cpulist, as every real one does
+            write(f"bus/pci/devices/{address}/local_cpulist", "0-7" if node == 0 else "8-15")
     return root
 
 
@@ -68,9 +72,9 @@ def test_exclusive_on_gpu_node_splits_each_numa_node(tmp_path: Path) -> None:
     """auto on 4 GPUs: each worker gets whole cores of its GPU's NUMA node, disjoint from its peer."""
     sysfs = fake_sysfs(tmp_path)
     topology = read_topology(str(sysfs), allowed=range(16))
-    nodes = [gpu_numa_node(address, str(sysfs)) for address in GPU_ADDRESSES]
-    assert nodes == [0, 0, 1, 1]
-    binding = plan_binding("auto", 4, topology, nodes)
+    assert [gpu_numa_node(address, str(sysfs)) for address in GPU_ADDRESSES] == [0, 0, 1, 1]
+    near = [gpu_local_cpus(address, str(sysfs)) for address in GPU_ADDRESSES]
+    binding = plan_binding("auto", 4, topology, near)
     assert binding.cpus == ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
     assert binding.notes == ()
 
@@ -86,20 +90,20 @@ def test_modes_like_torchrun_numa_binding(tmp_path: Path, mode: str, expected: t
     """Two GPUs on different NUMA nodes: each mode binds as torchrun's --numa-binding documents."""
     sysfs = fake_sysfs(tmp_path, gpu_nodes=(0, 1, 0, 1))
     topology = read_topology(str(sysfs), allowed=range(16))
-    binding = plan_binding(mode, 2, topology, [0, 1])
+    binding = plan_binding(mode, 2, topology, [NODE0, NODE1])
     assert binding.cpus == expected
 
 
 def test_core_complex_gives_distinct_l3_groups(tmp_path: Path) -> None:
     """Two workers on one NUMA node with two L3 groups get one group each."""
     topology = read_topology(str(fake_sysfs(tmp_path)), allowed=range(16))
-    assert plan_binding("core-complex", 2, topology, [0, 0]).cpus == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert plan_binding("core-complex", 2, topology, [NODE0, NODE0]).cpus == ((0, 1, 2, 3), (4, 5, 6, 7))
 
 
 def test_binding_stays_inside_the_launchers_mask(tmp_path: Path) -> None:
     """A launcher confined to cpus 2-5 (SLURM cgroup, taskset) never binds a worker outside them."""
     topology = read_topology(str(fake_sysfs(tmp_path)), allowed=[2, 3, 4, 5])
-    binding = plan_binding("auto", 2, topology, [0, 0])
+    binding = plan_binding("auto", 2, topology, [NODE0, NODE0])
     assert binding.cpus == ((2, 3), (4, 5))
 
 
@@ -132,7 +136,7 @@ def test_unknown_gpu_bus_falls_back_to_cpu_shares() -> None:
     topology = CpuTopology(allowed=(0, 1, 2, 3), core={c: c for c in range(4)})
     binding = plan_binding("auto", 2, topology, [None, None])
     assert binding.cpus == ((0, 1), (2, 3))
-    assert "NUMA" in binding.notes[0]
+    assert "unknown" in binding.notes[0]
 
 
 def test_numa_node_minus_one_means_node_zero(tmp_path: Path) -> None:
@@ -153,3 +157,12 @@ def test_this_machines_sysfs_gives_disjoint_shares() -> None:
     assert all(cpus <= set(allowed) for cpus in bound)
     if len(bound) == 2:
         assert not bound[0] & bound[1]
+
+
+def test_local_cpulist_wins_over_numa_node(tmp_path: Path) -> None:
+    """A device's local_cpulist is the CPUs next to it; numa_node's cpulist is the fallback."""
+    sysfs = fake_sysfs(tmp_path)
+    (tmp_path / "bus/pci/devices/0000:18:00.0/local_cpulist").write_text("2-5\n")
+    assert gpu_local_cpus("0000:18:00.0", str(sysfs)) == (2, 3, 4, 5)
+    assert gpu_local_cpus("0000:3b:00.0", str(sysfs)) == NODE0
+    assert gpu_local_cpus("0000:99:00.0", str(sysfs)) is None
