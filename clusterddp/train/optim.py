@@ -7,9 +7,11 @@ update itself must be cancellable on the device:
 * torch's fused SGD, Adam, AdamW and Adagrad read a ``found_inf`` tensor and skip the whole
   update in the kernel when it is 1.0 (weights, momentum and step count unchanged): the way
   ``GradScaler`` drives them without an ``.item()``. ``step_unless`` sets it.
-* Any other optimizer gets its gradients zeroed on the device when the flag is set: the
-  weights stay finite, though momentum and weight decay still move them once. The loop
-  stops one step later anyway, and nothing is saved in between.
+* Any other optimizer on a GPU gets its gradients zeroed on the device when the flag is
+  set: the weights stay finite, though momentum and weight decay still move them once. The
+  loop stops one step later anyway, and nothing is saved in between. On CPU the flag is in
+  host memory already, so the step is simply not taken (exact, and cheaper than a pass
+  over the gradients).
 
 ``make_optimizer`` builds the fused kinds on CUDA, where a step is a handful of kernel
 launches instead of several per parameter, and the scaler needs no host sync either.
@@ -62,10 +64,9 @@ def _prime_momentum(optimizer: torch.optim.Optimizer) -> None:
         if group["momentum"] == 0:
             continue
         for param in group["params"]:
-            state = optimizer.state[param]
-            if state.get("momentum_buffer") is None:
-                state["momentum_buffer"] = torch.zeros_like(param,
-                                                             memory_format=torch.preserve_format)
+            if param.requires_grad and optimizer.state[param].get("momentum_buffer") is None:
+                optimizer.state[param]["momentum_buffer"] = torch.zeros_like(
+                    param, memory_format=torch.preserve_format)
 
 
 def honours_found_inf(optimizer: torch.optim.Optimizer) -> bool:
@@ -85,10 +86,19 @@ def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor | None) -> 
             optimizer.step()
         finally:
             del optimizer.found_inf  # type: ignore[attr-defined]
+    elif skip.device.type == "cpu":
+        if not skip.item():  # host memory: reading it costs nothing, and the skip is exact
+            optimizer.step()
     else:
-        zero = skip.bool()
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    param.grad.masked_fill_(zero, 0.0)
+        zero_grads_where(optimizer, skip)
         optimizer.step()
+
+
+@torch.no_grad()
+def zero_grads_where(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """Zero every gradient where ``skip`` is 1.0, on the device, without reading the flag."""
+    zero = skip.bool()
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None:
+                param.grad.masked_fill_(zero, 0.0)

@@ -307,14 +307,29 @@ def test_step_unless_skips_a_fused_update_exactly(kind: str) -> None:
         assert all(torch.equal(v, after[k]) for k, v in before.items())
 
 
-def test_step_unless_zeroes_the_gradients_of_an_unfused_optimizer() -> None:
-    """Without found_inf support the NaN gradient is zeroed on the device: weights stay finite."""
+def test_step_unless_keeps_an_unfused_optimizer_finite() -> None:
+    """Without found_inf support a flagged step is not taken (CPU) and weights stay finite."""
     model = nn.Linear(3, 2)
     opt = T.make_optimizer("sgd", model.parameters(), torch.device("cpu"), lr=0.1, momentum=0.9)
     assert not opt.param_groups[0]["fused"]
+    weights = [p.detach().clone() for p in model.parameters()]
     _nan_grads(model)
     T.step_unless(opt, torch.tensor(1.0))
-    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    assert not opt.state  # no momentum taken in either
+
+
+def test_gradients_are_zeroed_on_the_device_only_where_the_flag_is_set() -> None:
+    """The GPU path for unfused optimizers: NaN gradients become zeros at 1.0, stay at 0.0."""
+    from clusterddp.train.optim import zero_grads_where
+
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _nan_grads(model)
+    zero_grads_where(opt, torch.tensor(0.0))
+    assert all(torch.isnan(p.grad).all() for p in model.parameters())
+    zero_grads_where(opt, torch.tensor(1.0))
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
 
 
 def test_fused_sgd_is_primed_so_a_skipped_first_step_is_harmless_and_changes_no_number() -> None:
