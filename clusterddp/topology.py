@@ -136,7 +136,7 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str],
             raise LaunchError(f"{job.where('nproc_per_node')}: {problem}")
         return request
     if request == "cpu":
-        return cpu_count()
+        return _bounded(job, cpu_count(), "CPU cores")
     inventory = gpus if gpus is not None else gpu_inventory(env, query=False)
     if request == "gpu" and inventory.count == 0:
         raise EnvironmentDetectionError(
@@ -148,8 +148,16 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str],
             raise EnvironmentDetectionError(f"{placement.env}: workers per node: {problem}")
         return placement.nproc_per_node
     if inventory.count:
-        return inventory.count
-    return CPU_AUTO_WORKERS if request == "auto" else cpu_count()
+        return _bounded(job, inventory.count, f"visible GPUs ({inventory.source})")
+    return CPU_AUTO_WORKERS if request == "auto" else _bounded(job, cpu_count(), "CPU cores")
+
+
+def _bounded(job: JobSpec, count: int, what: str) -> int:
+    """A worker count read from the machine passes the same bound as a typed one."""
+    problem = workers_problem(count)
+    if problem:
+        raise LaunchError(f"{job.where('nproc_per_node')}: {job.nproc_per_node!r} gives {count} {what}: {problem}")
+    return count
 
 
 def check_gpu_workers(job: JobSpec, nproc: int, backend: str, gpus: GpuInventory) -> None:
