@@ -35,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterDDPError as exc:
         from clusterddp.redact import scrub  # every secret read so far is masked in the one line
 
-        print(f"clusterddp: error: {validate.escape_controls(scrub(str(exc)))}", file=sys.stderr)
+        lines = [f"clusterddp: error: {validate.escape_controls(scrub(str(exc)))}"]
+        lines.extend(f"  {validate.escape_controls(scrub(detail))}" for detail in exc.details)
+        print("\n".join(lines), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("clusterddp: interrupted", file=sys.stderr)

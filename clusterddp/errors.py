@@ -6,16 +6,21 @@ nothing below the CLI prints or exits.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class ClusterDDPError(Exception):
     """Base of all errors the CLI reports as one line, without a traceback."""
 
     exit_code: int = 2
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, details: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        #: One line per host or item of an aggregate error (a fan-out's preflight): the CLI
+        #: prints each on its own indented line, control characters escaped.
+        self.details = tuple(details)
 
     def __str__(self) -> str:
         if self.hint:

@@ -98,7 +98,7 @@ def test_full_openpai_runtime_environment_two_tasks(tmp_path: Path) -> None:
         assert "master port from PAI_trainer_0_RdzvPort_PORT" in result.stderr
     assert ranks_seen(results) == [0, 1, 2, 3]
     assert leftovers == {n.name: [] for n in nodes}
-    assert sorted(os.listdir(tmp_path / "logs")) == ["alice~hello-attempt0"]
+    assert sorted(os.listdir(tmp_path / "logs")) == ["alice_hello-attempt0"]  # "~" made a token character
 
 
 @pytest.mark.skipif(not hasattr(Overrides(), "job"),

@@ -33,12 +33,11 @@ class PreflightError(RemoteError):
     """One or more hosts failed preflight; ``problems`` maps each host to its problems."""
 
     def __init__(self, problems: dict[str, list[str]], total: int, cluster: Sequence[str] = ()) -> None:
-        lines = [f"preflight failed on {len(problems)} of {total} hosts; nothing was started:"
-                 if problems else "preflight failed; nothing was started:"]
-        for host, messages in problems.items():
-            lines.extend(f"  {host}: {m}" for m in messages)
-        lines.extend(f"  all hosts: {m}" for m in cluster)
-        super().__init__("\n".join(lines))
+        head = (f"preflight failed on {len(problems)} of {total} hosts; nothing was started:"
+                if problems else "preflight failed; nothing was started:")
+        lines = [f"{host}: {m}" for host, messages in problems.items() for m in messages]
+        lines.extend(f"all hosts: {m}" for m in cluster)
+        super().__init__(head, details=lines)
         self.problems = problems
         self.cluster = list(cluster)
 
