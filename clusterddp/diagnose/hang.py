@@ -1,9 +1,11 @@
 """Is the job hung, and who is holding it? Pure functions over progress times and stacks.
 
 Progress is any sign of life of a rank: a line printed, or ``clusterddp.train.heartbeat()``
-touching its file. The job is stalled for as long as its most recently active live rank has
-been silent; a rank that has shown no life at all counts from the start of the attempt, so
-``hang_timeout`` must exceed the silent part of start-up (importing torch, preparing data).
+touching its file. The clock starts at the job's first sign of life (any rank's line,
+heartbeat or exit), so start-up (importing torch, preparing data) never counts as a hang;
+from then on the job is stalled for as long as its most recently active live rank has been
+silent, and a rank that has shown no life at all counts from that first sign of life: a
+silent rank left alone by peers that exited (even silently) is still caught.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def last_progress(lives: list[RankLife], since: float) -> dict[int, float | None
 def stalled_for(progress: Mapping[int, float | None], now: float, since: float | None = None) -> float | None:
     """Seconds since any rank last made progress.
 
-    A rank with no sign of life yet counts from ``since`` (the supervisor passes the start of
-    the attempt): otherwise a rank that never printed, left alone by peers that exited, would
-    never count as hung. Without ``since``: None before the first sign of life.
+    A rank with no sign of life yet counts from ``since`` (the supervisor passes the job's
+    first sign of life: a line, a heartbeat or an exit of any rank): otherwise a rank that
+    never printed, left alone by peers that exited, would never count as hung. None while
+    nothing is known (every rank still starting).
     """
     seen = [t if t is not None else since for t in progress.values()]
     known = [t for t in seen if t is not None]

@@ -106,6 +106,8 @@ class LocalSupervisor:
     _stacks_requested: bool = False
     _hang: bool = False
     _attempt_started: float = 0.0
+    #: monotonic time of the attempt's first sign of life (None: every rank still starting)
+    _first_life: float | None = None
     _console: ConsoleSink | None = None
     _cgroup: JobCgroup | None = None
     _reaper: procs.Reaper | None = None
@@ -199,6 +201,7 @@ class LocalSupervisor:
     def _run_once(self, reaper: procs.Reaper, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
         self._workers = []
         self._attempt_started = time.monotonic()
+        self._first_life = None
         try:
             for plan in self.plans:
                 if self._stop_reason is not None:
@@ -451,9 +454,15 @@ class LocalSupervisor:
         lives = [RankLife(w.plan.rank, w.output.last_line_at, w.plan.env.get(HEARTBEAT_ENV))
                  for w in self._workers if w.exit is None]
         progress = last_progress(lives, since=self._attempt_started)
-        # A rank that never printed counts from the attempt's start: a silent rank left alone
-        # by peers that exited must not wait forever.
-        stalled = stalled_for(progress, time.monotonic(), since=self._attempt_started)
+        now = time.monotonic()
+        if self._first_life is None and (any(t is not None for t in progress.values())
+                                         or any(w.exit is not None or w.output.last_line_at for w in self._workers)):
+            self._first_life = now
+        # The clock starts at the job's first sign of life (a line, a heartbeat, or a rank's
+        # exit), so importing torch on a busy node is never a hang; from then on a rank that
+        # never printed counts from that moment: a silent rank left alone by peers that
+        # exited (even silently) does not wait forever.
+        stalled = stalled_for(progress, now, since=self._first_life)
         if stalled is None or stalled <= timeout:
             return
         report = self.dump_stacks("hang")

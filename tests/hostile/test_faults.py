@@ -249,7 +249,7 @@ def test_kill_9_of_the_launcher_takes_the_daemon_along(tmp_path: Path, use_cgrou
 # -- timing promises ---------------------------------------------------------------------------
 
 def test_hang_timeout_fires_when_the_stuck_rank_never_printed(tmp_path: Path) -> None:
-    """Rank 0 never prints, rank 1 exits silently: hang_timeout still fires (exit 124), counted from the start."""
+    """Rank 0 never prints, rank 1 exits silently: hang_timeout still fires (exit 124), counted from that exit."""
     job = write_job(tmp_path, script="silent.py", hang_timeout=1.5, grace_period=1)
     started = time.monotonic()
     result = cli("run", str(job), timeout=60)
