@@ -4,6 +4,7 @@ Progress is any sign of life of a rank: a line printed, or ``clusterddp.train.he
 touching its file. The job is stalled for as long as its most recently active live rank has
 been silent; a rank that has shown no life at all counts from the start of the attempt, so
 ``hang_timeout`` must exceed the silent part of start-up (importing torch, preparing data).
+A leaf below the supervisor, which runs the check on every tick.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from clusterddp.diagnose.stacks import RankWhere, format_ranks
+from clusterddp.stackreport import RankWhere, format_ranks
 
 
 @dataclass(frozen=True)
