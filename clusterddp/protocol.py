@@ -6,22 +6,21 @@ it starts on every host (``clusterddp run --watch-stdin --report-json``), the su
 travels between them (line markers and their JSON, a byte on stdin, signals, variable names,
 files in the run's log directory) is spelled here and nowhere else:
 
-============================  ====================================================  ===========================
-what                          from -> to                                            here
-============================  ====================================================  ===========================
-``CLUSTERDDP_RESULT {json}``  remote launcher's stdout -> head (``--report-json``)  ``result_line``/``parse_result``
-``CLUSTERDDP_STACKS {json}``  remote launcher's stdout -> head (one per dump)       ``stacks_line``/``parse_stacks``
-``clusterddp: stacks of ...`` remote launcher's stderr block, hidden by the head    ``stacks_block_title``
-``S`` on stdin                head -> remote launcher: "dump your stacks"           ``STACKS_REQUEST_BYTE``
-``SIGRTMIN+4``                ``clusterddp stacks`` -> the run's launcher           ``STACKS_REQUEST_SIGNAL``
-``SIGRTMIN+3``                supervisor -> worker: dump stacks, keep running       ``DUMP_SIGNAL``
-``$CLUSTERDDP_STACKS_FILE``   supervisor -> worker bootstrap: where to dump         ``STACKS_FILE_ENV``
-``$CLUSTERDDP_HEARTBEAT_FILE``  supervisor -> worker (``train.heartbeat()``)         ``HEARTBEAT_FILE_ENV``
-``$CLUSTERDDP_SUPERVISOR_ID`` supervisor -> every process of the job (the reaper)   ``SUPERVISOR_ID_ENV``
-``launcher.json``             the run's launcher (or head) -> ``clusterddp stacks`` ``write_launcher_file``/``read_launcher_file``
-``stacks-<time>-<pid>.txt``   the run's launcher (or head) -> ``clusterddp stacks`` ``write_stacks_report``/``stacks_reports``
-``CLUSTERDDP_DOCTOR {json}``  the doctor's worker (rank 0) -> ``clusterddp doctor`` ``DOCTOR_MARKER``
-============================  ====================================================  ===========================
+- ``CLUSTERDDP_RESULT {json}``, remote launcher's stdout -> head (``--report-json``):
+  ``result_line`` / ``parse_result``
+- ``CLUSTERDDP_STACKS {json}``, remote launcher's stdout -> head, one per dump:
+  ``stacks_line`` / ``parse_stacks``; its stderr block, hidden by the head: ``stacks_block_title``
+- ``S`` on stdin, head -> remote launcher, "dump your stacks": ``STACKS_REQUEST_BYTE``
+- ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
+- ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
+- variables the supervisor gives every worker: ``STACKS_FILE_ENV`` (the bootstrap dumps
+  there), ``HEARTBEAT_FILE_ENV`` (``train.heartbeat()`` touches it), ``SUPERVISOR_ID_ENV``
+  (the reaper finds the job's processes by it)
+- files in ``logs/<run-id>/`` that ``clusterddp stacks`` reads: ``launcher.json``
+  (``write_launcher_file`` / ``read_launcher_file``) and ``stacks-<time>-<pid>.txt``
+  (``write_stacks_report`` / ``stacks_reports``)
+- ``CLUSTERDDP_DOCTOR {json}``, the doctor's worker (rank 0) -> ``clusterddp doctor``:
+  ``DOCTOR_MARKER``
 
 The stub's ``CLUSTERDDP_PROBE`` line is the one exception: the stub (``launch/ssh/stub.py``)
 is sent as source to hosts where clusterddp may not be importable, so it spells its marker
