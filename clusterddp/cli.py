@@ -72,7 +72,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return stacks_main(args)
     if args.command == "doctor":
-        from clusterddp.diagnose.doctor import doctor_main
+        from clusterddp.launch.doctor import doctor_main
 
         return doctor_main(args)
     parser.error(f"unknown command {args.command}")

@@ -2,10 +2,11 @@
 
 ``python .../clusterddp/launch/bootstrap.py SCRIPT ARGS`` (or ``-m MODULE ARGS``) behaves like
 ``python SCRIPT ARGS``: ``sys.argv``, ``__main__`` and ``__file__`` are the script's. Before
-that, ``faulthandler`` is registered on ``DUMP_SIGNAL`` to append every thread's Python
-stack to ``$CLUSTERDDP_STACKS_FILE`` without stopping the process, so ``clusterddp stacks``
-and the hang detector work for any script, not only ones that use clusterddp.train.
-It is run by file path and imports only the standard library, so it works under any
+that, ``faulthandler`` is registered on ``protocol.DUMP_SIGNAL`` to append every thread's
+Python stack to the file ``protocol.STACKS_FILE_ENV`` names, without stopping the process, so
+``clusterddp stacks`` and the hang detector work for any script, not only ones that use
+clusterddp.train. It is run by file path and imports only the standard library (and
+``clusterddp/protocol.py``, loaded by its path next to this file), so it works under any
 interpreter a job names (``python:``), even one where clusterddp is not installed, and costs
 a few milliseconds.
 """
@@ -14,29 +15,38 @@ from __future__ import annotations
 
 import faulthandler
 import importlib.machinery
+import importlib.util
 import os
 import runpy
-import signal
 import sys
 import types
-
-#: Real-time signal reserved for stack dumps (SIGUSR1/2 belong to the user's script).
-DUMP_SIGNAL = signal.SIGRTMIN + 3
-STACKS_ENV = "CLUSTERDDP_STACKS_FILE"
 
 _stacks_file = None  # kept open for the process's life: faulthandler writes to its fd
 
 
+def protocol() -> types.ModuleType:
+    """``clusterddp/protocol.py`` by its path (no ``import clusterddp``: it may not be
+    importable by this interpreter), as a private module left out of ``sys.modules``."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "protocol.py")
+    spec = importlib.util.spec_from_file_location("_clusterddp_protocol", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def arm_stack_dump() -> None:
     global _stacks_file
-    path = os.environ.get(STACKS_ENV)
+    shared = protocol()
+    path = os.environ.get(shared.STACKS_FILE_ENV)
     if not path:
         return
     try:
         _stacks_file = open(path, "a", buffering=1)
     except OSError:
         return
-    faulthandler.register(DUMP_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+    faulthandler.register(shared.DUMP_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
 
 
 def main() -> None:

@@ -15,8 +15,9 @@ from clusterddp import affinity
 from clusterddp.devices import cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
 from clusterddp.launch import bootstrap
-from clusterddp.launch.supervisor import HEARTBEAT_ENV, WorkerPlan
+from clusterddp.launch.supervisor import WorkerPlan
 from clusterddp.spec import JobSpec
+from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV
 from clusterddp.topology import Topology
 from clusterddp.validate import exec_size_problem, shown
 
@@ -53,8 +54,8 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         cpus = binding.cpus[local_rank]
         error_file = os.path.join(logs, f"rank{rank}.error.json")
         env = dict(base_env)
-        env[bootstrap.STACKS_ENV] = os.path.join(logs, f"rank{rank}.stacks")
-        env[HEARTBEAT_ENV] = os.path.join(logs, f"rank{rank}.heartbeat")
+        env[STACKS_FILE_ENV] = os.path.join(logs, f"rank{rank}.stacks")
+        env[HEARTBEAT_FILE_ENV] = os.path.join(logs, f"rank{rank}.heartbeat")
         for key, value in defaults.items():
             env.setdefault(key, value)
         if cpus is not None and "OMP_NUM_THREADS" not in base_env:

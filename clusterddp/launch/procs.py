@@ -6,7 +6,7 @@ Each layer covers what the one before misses; together nothing outlives the laun
 2. ``PR_SET_PDEATHSIG`` kills a worker the instant the launcher dies, even by SIGKILL;
 3. at teardown, the worker's process tree (parent links in /proc): children that left the
    group (``setsid``) while their parent lives;
-4. every worker carries ``CLUSTERDDP_SUPERVISOR_ID=<token>`` in its environment, which its
+4. every worker carries ``protocol.SUPERVISOR_ID_ENV=<token>`` in its environment, which its
    descendants inherit: processes that left the group *and* the tree are found by it, unless
    they cleared their environment;
 5. the launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): an orphan (double fork)
@@ -32,11 +32,10 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from clusterddp.launch import cgroup as cgroups
+from clusterddp.protocol import SUPERVISOR_ID_ENV
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-#: Environment variable that marks every process of one launcher's workers.
-MARKER = "CLUSTERDDP_SUPERVISOR_ID"
 
 _libc: ctypes.CDLL | None
 try:
@@ -189,13 +188,13 @@ def _start_time(pid: int) -> int | None:
 
 
 def new_marker() -> str:
-    """A token unique to this launcher, for ``MARKER``."""
+    """A token unique to this launcher, for ``SUPERVISOR_ID_ENV``."""
     return f"{os.getpid()}-{os.urandom(6).hex()}"
 
 
 def marked_pids(token: str) -> list[int]:
-    """Live processes whose environment carries ``MARKER=token`` (read from /proc)."""
-    needle = f"{MARKER}={token}".encode()
+    """Live processes whose environment carries ``SUPERVISOR_ID_ENV=token`` (read from /proc)."""
+    needle = f"{SUPERVISOR_ID_ENV}={token}".encode()
     found: list[int] = []
     me = os.getpid()
     try:

@@ -10,7 +10,6 @@ SIGTERM, and the report names the host, rank, log and last lines of the first fa
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,15 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from clusterddp import exitcodes
-from clusterddp.diagnose.collect import StacksReport, Target, build_report, collect, write_full
-from clusterddp.diagnose.hang import RankLife, culprit, last_progress, stalled_for
+from clusterddp.hang import RankLife, culprit, last_progress, stalled_for
 from clusterddp.launch import procs
-from clusterddp.launch.bootstrap import STACKS_ENV
 from clusterddp.launch.cgroup import JobCgroup
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.report import WorkerExit, format_report, read_error_file
+from clusterddp.launch.stackdump import Target, collect
+from clusterddp.protocol import (HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, STACKS_REQUEST_BYTE, STACKS_REQUEST_SIGNAL,
+                                 SUPERVISOR_ID_ENV, result_line, stacks_block_title, stacks_line,
+                                 write_launcher_file, write_stacks_report)
+from clusterddp.stackreport import StacksReport, build_report
 from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
-from clusterddp.train.liveness import HEARTBEAT_ENV  # torch-free: the worker side of the contract
 
 #: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)
@@ -37,10 +38,6 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)
 NOT_RESTARTED = (exitcodes.PREEMPTED, exitcodes.NONFINITE_LOSS)
 #: Longest pause between restarts of the local group.
 MAX_BACKOFF = 30.0
-#: Sent to the launcher by ``clusterddp stacks``: dump every worker's stack, keep running.
-STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
-#: A byte on stdin (from the SSH head) that asks for the same.
-STACKS_REQUEST_BYTE = b"S"
 #: Teardown ends at most this long after the grace period that follows the first SIGTERM
 #: (everything SIGKILLed, reaped, the cgroup removed, the pipes drained).
 TEARDOWN_SLACK = 0.45
@@ -140,9 +137,8 @@ class LocalSupervisor:
         if report:
             console.say(report)
         if self.options.report_json:
-            result = {"exit_code": code, "host": self.topology.host,
-                      "root_cause": root.to_json() if root else None, "reason": self._stop_reason}
-            console.say("CLUSTERDDP_RESULT " + json.dumps(result), stderr=False)
+            console.say(result_line(code, self.topology.host, root.to_json() if root else None,
+                                    self._stop_reason), stderr=False)
         console.settle()
         return code
 
@@ -215,7 +211,7 @@ class LocalSupervisor:
     def _start(self, plan: WorkerPlan, attempt: int, reaper: procs.Reaper) -> _Worker:
         env = dict(plan.env)
         env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
-        env[procs.MARKER] = self._marker
+        env[SUPERVISOR_ID_ENV] = self._marker
         try:
             os.unlink(plan.error_file)
         except FileNotFoundError:
@@ -419,8 +415,8 @@ class LocalSupervisor:
     # -- where is each rank: stacks and hangs ---------------------------------------------------
 
     def _live_targets(self) -> list[Target]:
-        return [Target(rank=w.plan.rank, pid=w.proc.pid, stacks_file=w.plan.env.get(STACKS_ENV, ""))
-                for w in self._workers if w.proc.poll() is None and w.plan.env.get(STACKS_ENV)]
+        return [Target(rank=w.plan.rank, pid=w.proc.pid, stacks_file=w.plan.env.get(STACKS_FILE_ENV, ""))
+                for w in self._workers if w.proc.poll() is None and w.plan.env.get(STACKS_FILE_ENV)]
 
     def dump_stacks(self, why: str) -> StacksReport | None:
         """Every live worker's stack, grouped on stderr, in full under the run dir."""
@@ -430,10 +426,10 @@ class LocalSupervisor:
         report = build_report(collect(targets), self.topology.host)
         path, problem = None, None
         try:
-            path = write_full(report, self.options.run_dir) if self.options.run_dir else None
+            path = write_stacks_report(report.full_text, self.options.run_dir) if self.options.run_dir else None
         except OSError as exc:  # a full log disk must not turn a diagnosis into a crash
             problem = exc.strerror or type(exc).__name__
-        lines = [f"clusterddp: stacks of {len(targets)} worker(s) on {self.topology.host} ({why}):"]
+        lines = [stacks_block_title(len(targets), self.topology.host, why)]
         lines.extend(f"  {line}" for line in report.lines)
         if path:
             lines.append(f"  full dump: {path}")
@@ -442,16 +438,14 @@ class LocalSupervisor:
         self._say("\n".join(lines))
         if self.options.report_json:
             waiting = sorted(r for r, w in report.where.items() if w.in_collective)
-            data = {"host": self.topology.host, "why": why, "ranks": report.summaries(),
-                    "waiting": waiting, "full": path}
-            self._sink().say("CLUSTERDDP_STACKS " + json.dumps(data), stderr=False)
+            self._sink().say(stacks_line(self.topology.host, why, report.summaries(), waiting, path), stderr=False)
         return report
 
     def _check_hang(self) -> None:
         timeout = self.options.hang_timeout
         if not timeout:
             return
-        lives = [RankLife(w.plan.rank, w.output.last_line_at, w.plan.env.get(HEARTBEAT_ENV))
+        lives = [RankLife(w.plan.rank, w.output.last_line_at, w.plan.env.get(HEARTBEAT_FILE_ENV))
                  for w in self._workers if w.exit is None]
         progress = last_progress(lives, since=self._attempt_started)
         now = time.monotonic()
@@ -478,12 +472,5 @@ class LocalSupervisor:
         """
         if not self.options.run_dir or self.options.watch_stdin:
             return
-        data = {"pid": os.getpid(), "host": self.topology.host, "run_id": self.topology.run_id,
-                "ranks": [p.rank for p in self.plans]}
-        path = os.path.join(self.options.run_dir, "launcher.json")
-        try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(data, f)
-            os.replace(path + ".tmp", path)
-        except OSError:
-            pass
+        write_launcher_file(self.options.run_dir, self.topology.host, self.topology.run_id,
+                            [p.rank for p in self.plans])

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from clusterddp.diagnose.netperf import MARKER, pair_rounds
+from clusterddp.netperf import pair_rounds
+from clusterddp.protocol import DOCTOR_MARKER
 
 #: Messages up to this size are latency-bound: more iterations are cheap and steady the figure.
 SMALL = 4096
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         result = {"backend": backend, "world_size": world, "nnodes": nnodes, "nproc": nproc,
                   "hosts": [hosts.get(n, f"node{n}") for n in range(nnodes)], "allreduce": allreduce,
                   "pairs": [p for g in gathered if isinstance(g, dict) for p in g["pairs"]]}
-        print(MARKER + json.dumps(result), flush=True)
+        print(DOCTOR_MARKER + json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,6 +1,6 @@
 """A cheap "I am still making progress" signal for the launcher's hang detector.
 
-The launcher sets ``CLUSTERDDP_HEARTBEAT_FILE`` to a per-worker path and watches its
+The launcher sets ``protocol.HEARTBEAT_FILE_ENV`` to a per-worker path and watches its
 mtime; a rank stuck in a collective stops touching it. Touching a file costs a system
 call, so calls closer than ``MIN_INTERVAL`` seconds are dropped: the training loop can call
 ``heartbeat()`` every step without measuring it. No torch here: any script may use it.
@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-#: Environment variable naming the file to touch; unset means heartbeats are off.
-HEARTBEAT_ENV = "CLUSTERDDP_HEARTBEAT_FILE"
+from clusterddp.protocol import HEARTBEAT_FILE_ENV
 
 #: At most one touch per this many seconds.
 MIN_INTERVAL = 1.0
@@ -21,7 +20,7 @@ _last_touch = float("-inf")
 
 
 def heartbeat() -> bool:
-    """Touch ``$CLUSTERDDP_HEARTBEAT_FILE`` unless it was touched less than a second ago.
+    """Touch the file ``HEARTBEAT_FILE_ENV`` names unless it was touched less than a second ago.
 
     Returns True when the file was touched. Errors (a vanished directory) are swallowed:
     a missing heartbeat must never be the reason a training run dies.
@@ -30,7 +29,7 @@ def heartbeat() -> bool:
     now = time.monotonic()
     if now - _last_touch < MIN_INTERVAL:
         return False
-    path = os.environ.get(HEARTBEAT_ENV)
+    path = os.environ.get(HEARTBEAT_FILE_ENV)
     if not path:
         return False
     _last_touch = now

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from clusterddp.diagnose.stacks import format_ranks, group_report, locate, parse_dump
+from clusterddp.stackreport import format_ranks, group_report, locate, parse_dump
 from clusterddp.launch import bootstrap
 from tests.conftest import BIN, cli, start_cli, wait_for, write_job
 

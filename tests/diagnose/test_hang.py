@@ -6,8 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from clusterddp.diagnose.hang import RankLife, culprit, last_progress, stalled_for
-from clusterddp.diagnose.stacks import RankWhere
+from clusterddp.hang import RankLife, culprit, last_progress, stalled_for
+from clusterddp.stackreport import RankWhere
 
 
 def _where(in_collective: bool) -> RankWhere:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clusterddp.diagnose.merge import HostStacks, merge, summary_in_collective
+from clusterddp.stackreport import HostStacks, merge, summary_in_collective
 from clusterddp.launch.ssh.stacks import StacksRound
 
 WAIT = "in all_reduce (distributed_c10d.py:3913) <- main (train.py:24)"

@@ -6,9 +6,10 @@ import itertools
 
 import pytest
 
-from clusterddp.diagnose.doctor import find_result
-from clusterddp.diagnose.netperf import (MARKER, Measurements, PairTiming, allreduce_table, bus_factor,
-                                         node_figures, node_table, pair_rounds)
+from clusterddp.launch.doctor import find_result
+from clusterddp.netperf import (Measurements, PairTiming, allreduce_table, bus_factor, node_figures, node_table,
+                                pair_rounds)
+from clusterddp.protocol import DOCTOR_MARKER
 
 
 @pytest.mark.parametrize("nnodes", [2, 3, 4, 5, 8, 9])
@@ -60,7 +61,7 @@ def test_allreduce_table_and_result_line() -> None:
     lines = allreduce_table(m)
     assert "2(n-1)/n = algbw * 1.75" in lines[0]
     assert lines[-1] == "  bus bandwidth: 3.67 MB/s (all_reduce of 1 MiB)"  # 1 MiB / 0.5 s * 1.75
-    line = '[n1 rank 0] ' + MARKER + '{"backend": "gloo", "world_size": 1, "nnodes": 1, "nproc": 1, ' \
+    line = '[n1 rank 0] ' + DOCTOR_MARKER + '{"backend": "gloo", "world_size": 1, "nnodes": 1, "nproc": 1, ' \
         '"hosts": ["n1"], "allreduce": [[8, 0.001]]}'
     found = find_result(["noise", line])
     assert found is not None and found.hosts == ("n1",) and found.pairs == ()
@@ -71,5 +72,5 @@ def test_doctor_and_head_never_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import clusterddp.diagnose.doctor, clusterddp.launch.ssh.fanout, sys; assert 'torch' not in sys.modules"
+    code = "import clusterddp.launch.doctor, clusterddp.launch.ssh.fanout, sys; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

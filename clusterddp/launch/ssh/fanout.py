@@ -27,9 +27,8 @@ from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightEr
 from clusterddp.launch.ssh.relay import Relay, RemoteLauncher
 from clusterddp.launch.ssh.remote_command import (LaunchPlan, forwarded_env, launcher_argv,
                                                   launcher_env)
-from clusterddp.launch.ssh.stacks import LauncherFile
 from clusterddp.launch.ssh.summary import format_outcome
-from clusterddp.launch.supervisor import STACKS_REQUEST_SIGNAL
+from clusterddp.protocol import STACKS_REQUEST_SIGNAL, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port
@@ -161,10 +160,8 @@ def _run(job: JobSpec, options: FanoutOptions, sessions: list[HostSession], plan
     log_dir.mkdir(parents=True, exist_ok=True)
     launchers = [RemoteLauncher(session=s, plan=p, log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
                  for s, p in zip(sessions, plans)]
-    launcher_file = LauncherFile(log_dir / "launcher.json", {
-        "pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id,
-        "ranks": list(range(sum(p.nproc for p in plans))), "hosts": [p.host for p in plans]})
-    launcher_file.write()
+    write_launcher_file(log_dir, socket.gethostname(), run_id, list(range(sum(p.nproc for p in plans))),
+                        hosts=[p.host for p in plans])
     relay = Relay(launchers, out, err, settings, grace_period=job.grace_period,
                   heartbeat_interval=options.heartbeat_interval, log_dir=log_dir)
     stop.relay = relay

@@ -23,8 +23,9 @@ from clusterddp.errors import RemoteError
 from clusterddp.launch.ssh.connect import ConnectError, ConnectSettings, open_client
 from clusterddp.launch.ssh.hosts import Host
 from clusterddp.launch.ssh.remote_command import stub_command
+from clusterddp.launch.ssh.stub import PROBE_MARKER as PROBE_LINE
 
-PROBE_MARKER = b"CLUSTERDDP_PROBE "
+PROBE_MARKER = PROBE_LINE.encode()
 #: Exit status of a login shell that could not find the command (the interpreter path).
 NOT_FOUND = 127
 

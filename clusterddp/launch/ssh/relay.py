@@ -11,9 +11,9 @@ Teardown is layered, each layer covering the failure of the one before:
 3. a host the head cannot reach stops on its own: its launcher sees no heartbeat for 6 s;
 4. a ``kill -9`` of the head closes its sockets, which the hosts see as EOF (layer 1).
 
-Stacks travel the same channels: the head writes ``S`` to every host's stdin, each host's
-launcher answers with one ``CLUSTERDDP_STACKS`` line, and ``ssh.stacks`` merges the
-answers. When a host reports a hang, teardown waits (at most ``HANG_WAIT``) until the other
+Stacks travel the same channels: the head writes ``protocol.STACKS_REQUEST_BYTE`` to every
+host's stdin, each host's launcher answers with one ``CLUSTERDDP_STACKS`` line, and
+``ssh.stacks`` merges the answers. When a host reports a hang, teardown waits (at most ``HANG_WAIT``) until the other
 hosts said where their ranks are, so the report can name the rank holding everyone.
 """
 
@@ -30,16 +30,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from clusterddp import exitcodes
-from clusterddp.diagnose.collect import write_stacks_file
-from clusterddp.diagnose.merge import HostStacks
 from clusterddp.launch.ssh.connect import USER_TIMEOUT_MS, ConnectError, ConnectSettings, open_client
 from clusterddp.launch.ssh.preflight import HostSession
 from clusterddp.launch.ssh.remote_command import LaunchPlan, kill_command
-from clusterddp.launch.ssh.stacks import (HANG_WAIT, REMOTE_BLOCK_HEADER, REQUEST_WAIT, STACKS_MARKER,
-                                          StacksRound)
-from clusterddp.launch.supervisor import STACKS_REQUEST_BYTE
+from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
+from clusterddp.protocol import (REMOTE_BLOCK_HEADER, RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE,
+                                 parse_result, parse_stacks, write_stacks_report)
+from clusterddp.stackreport import HostStacks
 
-RESULT_MARKER = b"CLUSTERDDP_RESULT "
 #: Exit code when a host is lost (ssh's own convention for connection errors).
 HOST_LOST = 255
 KILL_MARGIN = 2.0
@@ -182,13 +180,13 @@ class Relay:
     def _line(self, launcher: RemoteLauncher, stream: str, line: bytes) -> None:
         launcher.log.write(line)
         if stream == "out" and line.startswith(STACKS_MARKER):
-            self._stacks_answer(launcher, line[len(STACKS_MARKER):])
+            self._stacks_answer(launcher, line)
             return
         if stream == "err" and self._in_stacks_block(launcher, line):
             return
         if stream == "out" and line.startswith(RESULT_MARKER):
             try:
-                launcher.result = json.loads(line[len(RESULT_MARKER):])
+                launcher.result = parse_result(line)
             except ValueError:
                 launcher.result = {"exit_code": 1, "root_cause": None, "reason": "unreadable result line"}
             if launcher.failed() and launcher.failed_at is None:
@@ -320,9 +318,9 @@ class Relay:
         launcher.in_stacks_block = False
         return False
 
-    def _stacks_answer(self, launcher: RemoteLauncher, payload: bytes) -> None:
+    def _stacks_answer(self, launcher: RemoteLauncher, line: bytes) -> None:
         try:
-            stacks = HostStacks.from_json(json.loads(payload), host=launcher.name)
+            stacks = HostStacks.from_json(parse_stacks(line), host=launcher.name)
         except (ValueError, TypeError, AttributeError):
             self._say(f"unreadable stacks line from {launcher.name}")
             return
@@ -379,7 +377,7 @@ class Relay:
         title = round_.title(len(self.launchers))
         lines = [f"clusterddp: {title}"] + [f"  {line}" for line in merged.lines()]
         if self.log_dir is not None and round_.answers:
-            path = write_stacks_file(merged.text(title), self.log_dir).resolve()
+            path = Path(write_stacks_report(merged.text(title), self.log_dir)).resolve()
             lines.append(f"  summary and each host's full-dump path: {path}")
         with self._lock:
             self.stderr.write(("\n".join(lines) + "\n").encode())

@@ -2,7 +2,7 @@
 
 A round starts when ``clusterddp stacks`` signals the head (``requested``) or when a host
 reports a hang (``hang``: its ``CLUSTERDDP_STACKS`` line with why "hang", or its launcher
-exiting with ``exitcodes.HANG``). The head sends ``STACKS_REQUEST_BYTE`` down every other
+exiting with ``exitcodes.HANG``). The head sends ``protocol.STACKS_REQUEST_BYTE`` down every other
 live host's stdin and collects one answer per host until all have answered, the host is
 gone, or the round's deadline passes. A hang round is short (``HANG_WAIT``): the hung
 host is already tearing its workers down, and the others' ranks fail soon after their
@@ -11,21 +11,14 @@ peers vanish, so what they are doing must be asked at once.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Mapping
 
-from clusterddp.diagnose.merge import HostStacks, MergedStacks, merge
+from clusterddp.stackreport import HostStacks, MergedStacks, merge
 
-STACKS_MARKER = b"CLUSTERDDP_STACKS "
 #: Seconds a requested round waits for slow hosts (each host signals and reads its workers).
 REQUEST_WAIT = 5.0
 #: Seconds a hang round waits for the other hosts before the job is torn down.
 HANG_WAIT = 2.0
-#: The remote launcher's own stderr block for a dump (relayed only to the per-host log copy).
-REMOTE_BLOCK_HEADER = b"clusterddp: stacks of "
 
 
 @dataclass
@@ -60,22 +53,3 @@ class StacksRound:
         cause = f", after a hang on {self.trigger}" if self.trigger else ""
         return f"where each rank is: {ranks} rank(s) on {len(self.answers)} of {n_hosts} host(s) ({self.why}{cause}):"
 
-
-@dataclass
-class LauncherFile:
-    """``logs/<run-id>/launcher.json`` naming the head, so ``clusterddp stacks`` signals it.
-
-    Same format as a local launcher's. Launchers the head starts (--watch-stdin) never write
-    it, so on a shared filesystem the file keeps naming the process that answers for all hosts.
-    """
-
-    path: Path
-    data: Mapping[str, object]
-
-    def write(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(dict(self.data)))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass

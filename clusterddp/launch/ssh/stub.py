@@ -23,10 +23,15 @@ launcher. Standard library only; runs on the remote host's interpreter.
 
 import json
 import os
+import runpy
 import shutil
 import socket
 import subprocess
 import sys
+
+#: The stub's one line to the head. Spelled here, not in clusterddp.protocol: this program
+#: runs where clusterddp may not be importable; the head (preflight) reads it from here.
+PROBE_MARKER = "CLUSTERDDP_PROBE "
 
 
 def read_message():
@@ -141,14 +146,14 @@ def run_launcher_here(args, env):
     skipping a second interpreter start-up saves CPU on every host of a large fan-out."""
     os.environ.update(env)
     sys.argv = ["clusterddp", *args]
-    from clusterddp.cli import main as launcher_main
-
-    sys.exit(launcher_main(args))
+    # Exactly ``python -m clusterddp ARGS`` (clusterddp/__main__.py exits with the command's
+    # code), without a second interpreter.
+    runpy.run_module("clusterddp", run_name="__main__")
 
 
 def main():
     facts = probe(read_message())
-    sys.stdout.write("CLUSTERDDP_PROBE " + json.dumps(facts) + "\n")
+    sys.stdout.write(PROBE_MARKER + json.dumps(facts) + "\n")
     sys.stdout.flush()
     go = read_message()
     argv = go["argv"]

@@ -10,6 +10,9 @@
 
 Exit code: 0 when every node is fine, 1 when a node is flagged slow or the test failed,
 2 when preflight failed (nothing was started). The launcher side never imports torch.
+
+It lives in ``launch`` because it is a launch: the SSH fan-out's preflight and run with a
+built-in worker; the figures come from the ``netperf`` leaf, shared with that worker.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from clusterddp.devices import cpu_count, gpu_count
-from clusterddp.diagnose.netperf import (MARKER, SLOW_FRACTION, Measurements, allreduce_table, node_figures,
-                                         node_table)
+from clusterddp.launch.ssh.fanout import FanoutOptions, run_fanout
 from clusterddp.launch.ssh.preflight import HeadFacts, HostSession
+from clusterddp.netperf import SLOW_FRACTION, Measurements, allreduce_table, node_figures, node_table
+from clusterddp.protocol import DOCTOR_MARKER
 from clusterddp.spec import JobSpec, load_job
 
 WORKER = ("-m", "clusterddp.train.bandwidth")
@@ -82,8 +86,8 @@ class LineCapture:
 def find_result(lines: Sequence[str]) -> Measurements | None:
     """The worker's ``CLUSTERDDP_DOCTOR`` line (behind any ``[host rank 0]`` prefix)."""
     for line in lines:
-        if MARKER in line:
-            return Measurements.from_json(json.loads(line.split(MARKER, 1)[1]))
+        if DOCTOR_MARKER in line:
+            return Measurements.from_json(json.loads(line.split(DOCTOR_MARKER, 1)[1]))
     return None
 
 
@@ -120,8 +124,6 @@ def report(m: Measurements | None, code: int, output: Sequence[str], options: Do
 
 def _across_hosts(job: JobSpec, hostfile: str | None, options: DoctorOptions,
                   run_id: str) -> tuple[int, Measurements | None, list[str]]:
-    from clusterddp.launch.ssh.fanout import FanoutOptions, run_fanout
-
     out, err = LineCapture(), LineCapture()
     fanout = FanoutOptions(
         hostfile=hostfile, run_id=run_id, stdout=out, stderr=err,  # type: ignore[arg-type]

@@ -13,7 +13,8 @@ Two measurements, because they answer different questions:
   while a slow node is slow with everyone. That is what pins a throttled host down; with
   only two nodes there is one link and no way to say which end is at fault.
 
-Pure functions on plain data: the launcher side never imports torch.
+Pure functions on plain data, a leaf: the doctor (launch side, never imports torch) and
+its worker (``clusterddp.train.bandwidth``) both use them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-MARKER = "CLUSTERDDP_DOCTOR "
 #: A node whose bandwidth is below this fraction of the other nodes' median is flagged.
 SLOW_FRACTION = 0.5
 

@@ -6,6 +6,7 @@ heartbeat or exit), so start-up (importing torch, preparing data) never counts a
 from then on the job is stalled for as long as its most recently active live rank has been
 silent, and a rank that has shown no life at all counts from that first sign of life: a
 silent rank left alone by peers that exited (even silently) is still caught.
+A leaf below the supervisor, which runs the check on every tick.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from clusterddp.diagnose.stacks import RankWhere, format_ranks
+from clusterddp.stackreport import RankWhere, format_ranks
 
 
 @dataclass(frozen=True)

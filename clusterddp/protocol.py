@@ -1,0 +1,185 @@
+"""Everything the head, the remote launchers, the supervisor and the workers agree on.
+
+Four parties talk without importing each other: the SSH head (``launch/ssh``), the launcher
+it starts on every host (``clusterddp run --watch-stdin --report-json``), the supervisor
+(``launch/supervisor.py``) and every worker's bootstrap (``launch/bootstrap.py``). What
+travels between them (line markers and their JSON, a byte on stdin, signals, variable names,
+files in the run's log directory) is spelled here and nowhere else:
+
+- ``CLUSTERDDP_RESULT {json}``, remote launcher's stdout -> head (``--report-json``):
+  ``result_line`` / ``parse_result``
+- ``CLUSTERDDP_STACKS {json}``, remote launcher's stdout -> head, one per dump:
+  ``stacks_line`` / ``parse_stacks``; its stderr block, hidden by the head: ``stacks_block_title``
+- ``S`` on stdin, head -> remote launcher, "dump your stacks": ``STACKS_REQUEST_BYTE``
+- ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
+- ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
+- variables the supervisor gives every worker: ``STACKS_FILE_ENV`` (the bootstrap dumps
+  there), ``HEARTBEAT_FILE_ENV`` (``train.heartbeat()`` touches it), ``SUPERVISOR_ID_ENV``
+  (the reaper finds the job's processes by it)
+- files in ``logs/<run-id>/`` that ``clusterddp stacks`` reads: ``launcher.json``
+  (``write_launcher_file`` / ``read_launcher_file``) and ``stacks-<time>-<pid>.txt``
+  (``write_stacks_report`` / ``stacks_reports``)
+- ``CLUSTERDDP_DOCTOR {json}``, the doctor's worker (rank 0) -> ``clusterddp doctor``:
+  ``DOCTOR_MARKER``
+
+The stub's ``CLUSTERDDP_PROBE`` line is the one exception: the stub (``launch/ssh/stub.py``)
+is sent as source to hosts where clusterddp may not be importable, so it spells its marker
+itself and the head reads it from there (``stub.PROBE_MARKER``).
+
+Standard library only, and only ``os`` and ``signal`` at import time: the worker bootstrap
+loads this file by path in every worker, under whatever interpreter the job names (Python
+3.9 or later), so it must stay cheap and must not need clusterddp to be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+#: A remote launcher's last stdout line: its exit code, host, root cause and stop reason.
+RESULT_MARKER = b"CLUSTERDDP_RESULT "
+#: A launcher's answer to a stacks request (or its own hang): host, why, one summary per rank.
+STACKS_MARKER = b"CLUSTERDDP_STACKS "
+#: The launcher's human-readable stderr block about a dump; the head keeps it out of the
+#: console (its merged report replaces it) and relays it only to the per-host log copy.
+REMOTE_BLOCK_HEADER = b"clusterddp: stacks of "
+#: A byte on a remote launcher's stdin (from the SSH head): dump every worker's stack.
+STACKS_REQUEST_BYTE = b"S"
+#: Sent to a run's launcher by ``clusterddp stacks``: the same request, keep running.
+STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
+#: Real-time signal the worker bootstrap arms for stack dumps (SIGUSR1/2 belong to the script).
+DUMP_SIGNAL = signal.SIGRTMIN + 3
+#: The file a worker's bootstrap appends its faulthandler dumps to.
+STACKS_FILE_ENV = "CLUSTERDDP_STACKS_FILE"
+#: The file ``clusterddp.train.heartbeat()`` touches; the hang detector reads its mtime.
+HEARTBEAT_FILE_ENV = "CLUSTERDDP_HEARTBEAT_FILE"
+#: Every worker's environment carries ``SUPERVISOR_ID_ENV=<token>``: the reaper finds the
+#: job's processes by it, even ones that left every process group.
+SUPERVISOR_ID_ENV = "CLUSTERDDP_SUPERVISOR_ID"
+#: ``logs/<run-id>/launcher.json``: the process that answers ``clusterddp stacks`` for the run.
+LAUNCHER_FILE = "launcher.json"
+#: The doctor's worker prints one line with this marker and its measurements as JSON.
+DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
+
+
+# -- lines on a remote launcher's stdout -------------------------------------------------------
+
+def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None, reason: str | None) -> str:
+    """The ``CLUSTERDDP_RESULT`` line a launcher started by the head prints at its end."""
+    import json
+
+    result = {"exit_code": exit_code, "host": host, "root_cause": root_cause, "reason": reason}
+    return RESULT_MARKER.decode() + json.dumps(result)
+
+
+def parse_result(line: bytes) -> dict[str, object]:
+    """The payload of a ``CLUSTERDDP_RESULT`` line; ValueError when it is not one or unreadable."""
+    return _payload(line, RESULT_MARKER)
+
+
+def stacks_line(host: str, why: str, ranks: dict[int, str], waiting: list[int], full: str | None) -> str:
+    """The ``CLUSTERDDP_STACKS`` line: where each rank is (one summary per rank), the ranks
+    waiting in a collective, and where the full dump was kept."""
+    import json
+
+    data = {"host": host, "why": why, "ranks": ranks, "waiting": waiting, "full": full}
+    return STACKS_MARKER.decode() + json.dumps(data)
+
+
+def parse_stacks(line: bytes) -> dict[str, object]:
+    """The payload of a ``CLUSTERDDP_STACKS`` line; ValueError when it is not one or unreadable."""
+    return _payload(line, STACKS_MARKER)
+
+
+def stacks_block_title(workers: int, host: str, why: str) -> str:
+    """The first line of a launcher's stderr block about a dump (see ``REMOTE_BLOCK_HEADER``)."""
+    return f"{REMOTE_BLOCK_HEADER.decode()}{workers} worker(s) on {host} ({why}):"
+
+
+def _payload(line: bytes, marker: bytes) -> dict[str, object]:
+    import json
+
+    if not line.startswith(marker):
+        raise ValueError(f"not a {marker.decode().strip()} line")
+    data = json.loads(line[len(marker):])
+    if not isinstance(data, dict):
+        raise ValueError(f"{marker.decode().strip()}: expected a JSON object")
+    return data
+
+
+# -- files in the run's log directory ----------------------------------------------------------
+
+def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str, ranks: list[int],
+                        hosts: list[str] | None = None) -> None:
+    """``<run_dir>/launcher.json`` naming this process, so ``clusterddp stacks`` signals it.
+
+    Written whole (temp file + rename). The SSH head adds ``hosts``; launchers it starts
+    (--watch-stdin) never write it, so on a shared filesystem the file keeps naming the
+    process that answers for all hosts. A failed write is not an error: the job matters more.
+    """
+    import json
+
+    data: dict[str, object] = {"pid": os.getpid(), "host": host, "run_id": run_id, "ranks": list(ranks)}
+    if hosts is not None:
+        data["hosts"] = list(hosts)
+    path = os.path.join(os.fspath(run_dir), LAUNCHER_FILE)
+    tmp = os.path.join(os.fspath(run_dir), f".{LAUNCHER_FILE}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def read_launcher_file(run_dir: str) -> dict | None:  # type: ignore[type-arg]  (JSON: any values)
+    """The ``launcher.json`` of ``run_dir``; None when there is none."""
+    import json
+
+    path = os.path.join(run_dir, LAUNCHER_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def launcher_files(log_dir: str) -> list[str]:
+    """Every run's ``launcher.json`` under ``log_dir``, newest first."""
+    import glob
+
+    return sorted(glob.glob(os.path.join(log_dir, "*", LAUNCHER_FILE)), key=os.path.getmtime, reverse=True)
+
+
+def write_stacks_report(text: str, directory: str | os.PathLike[str]) -> str:
+    """``stacks-<time>-<pid>.txt`` in the run's log dir, written whole (temp file + rename);
+    return its path. The name is what ``clusterddp stacks`` waits for (``stacks_reports``),
+    the pid telling this process's report from other hosts' dumps on a shared filesystem."""
+    import time
+    from pathlib import Path
+
+    folder = Path(directory)
+    base = f"stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path = folder / f"{base}.txt"
+    n = 1
+    while path.exists():
+        path = folder / f"{base}.{n}.txt"
+        n += 1
+    tmp = folder / f".{path.name}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return str(path)
+
+
+def stacks_reports(run_dir: str, pid: int) -> set[str]:
+    """Reports written by the launcher ``pid``: ``stacks-<date>-<time>-<pid>[.N].txt``.
+
+    Only that launcher's: on a shared filesystem the hosts of an SSH run dump into the same
+    directory, and their per-host files must not be mistaken for the head's merged report.
+    """
+    import glob
+    import re
+
+    pattern = re.compile(rf"^stacks-\d{{8}}-\d{{6}}-{pid}(\.\d+)*\.txt$")
+    return {path for path in glob.glob(os.path.join(run_dir, "stacks-*.txt"))
+            if pattern.match(os.path.basename(path))}
