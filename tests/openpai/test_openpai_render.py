@@ -153,3 +153,15 @@ def test_submit_dry_run_sends_nothing_and_needs_no_token(capsys: pytest.CaptureF
     out = capsys.readouterr().out
     assert out.startswith("# dry run: would POST this to https://pai.example/rest-server/api/v2/jobs")
     assert yaml.safe_load(out)["name"] == "minimal"
+
+
+@pytest.mark.parametrize("role, label", [("False", "null"), ("yes", "Off"), ("NULL", "true")])
+def test_identifiers_that_yaml_reads_as_booleans_stay_strings(role: str, label: str) -> None:
+    """A task role 'False' or a port label 'null' is a valid identifier: it renders as a string key, not a YAML bool."""
+    from clusterddp.sections.openpai import OpenPAISpec
+    from clusterddp.spec import JobSpec
+
+    job = JobSpec(name="j", script="t.py", openpai=OpenPAISpec(image="img", task_role=role, port_label=label))
+    spec = yaml.safe_load(render_openpai(job, "t.yaml"))
+    assert list(spec["taskRoles"]) == [role]
+    assert label in spec["taskRoles"][role]["resourcePerInstance"]["ports"]
