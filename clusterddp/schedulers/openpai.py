@@ -28,9 +28,9 @@ from clusterddp.schedulers.openpai_rest import (
     read_token,
 )
 from clusterddp.spec import load_job
+from clusterddp.topology import is_loopback
 
 ACTIONS = ("render", "submit", "status", "stop")
-_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 __all__ = ["main", "render_openpai", "build_parser"]
 
@@ -113,7 +113,7 @@ def _client(args: argparse.Namespace, env: Mapping[str, str]) -> OpenPAIClient:
         raise SubmitError(f"no OpenPAI address: pass --url or set {URL_ENV}")
     client = OpenPAIClient(url, read_token(args.token_file, env), timeout=args.timeout)
     parts = urllib.parse.urlsplit(client.url)
-    if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         print(f"clusterddp: warning: {client.url} is plain http: the token crosses the network unencrypted",
               file=sys.stderr)
     return client

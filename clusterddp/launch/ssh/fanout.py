@@ -32,7 +32,7 @@ from clusterddp.launch.ssh.summary import format_outcome
 from clusterddp.launch.supervisor import STACKS_REQUEST_SIGNAL
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
-from clusterddp.topology import derive_port
+from clusterddp.topology import choose_port, count_workers, default_run_id, is_loopback
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FDS_PER_HOST = 5
@@ -103,10 +103,10 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
                   identity_file=_job_path(job, job.ssh.identity_file))
     hosts = resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file))
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys)
-    run_id = options.run_id or f"{job.name[:96]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    master_port = options.master_port or job.master.port or derive_port(run_id)
+    run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
+    master_port = choose_port(run_id, options.master_port, job.master.port)
     master_addr = options.master_addr or job.master.addr or _address_of(hosts[0])
-    if len(hosts) > 1 and master_addr and (master_addr.startswith("127.") or master_addr == "localhost"):
+    if len(hosts) > 1 and is_loopback(master_addr):
         raise RemoteError(f"master address {master_addr} is loopback, but the job spans {len(hosts)} hosts",
                           "set master.addr to an address the other hosts can reach")
     python = job.python or sys.executable
@@ -225,20 +225,14 @@ def _plans(job: JobSpec, options: FanoutOptions, sessions: Sequence[HostSession]
 
 
 def _nproc(job: JobSpec, options: FanoutOptions, session: HostSession) -> tuple[int, str]:
-    """Workers on one host: --nproc-per-node, else the host's slots, else the job's nproc_per_node."""
-    facts = session.facts
+    """Workers on one host: --nproc-per-node, else the host's slots, else the job's
+    nproc_per_node counted on the host (``topology.count_workers``)."""
     if isinstance(options.nproc_per_node, int):
         return options.nproc_per_node, "--nproc-per-node"
     if options.nproc_per_node is None and session.host.slots:
         return session.host.slots, f"slots={session.host.slots} at {session.host.origin}"
     request = options.nproc_per_node or job.nproc_per_node
-    if isinstance(request, int):
-        return request, "nproc_per_node"
-    if request == "cpu":
-        return facts["cpus"], "CPU count"
-    if request == "gpu":
-        return facts["gpus"], "GPU count"
-    return (facts["gpus"], "GPU count") if facts["gpus"] else (facts["cpus"], "CPU count")
+    return count_workers(request, session.facts["gpus"], session.facts["cpus"])  # type: ignore[arg-type]
 
 
 def dry_run_text(job: JobSpec, plans: Sequence[LaunchPlan], sessions: Sequence[HostSession],
