@@ -8,7 +8,6 @@ that failed first. docs/ssh.md is the user's guide to all of it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
+from clusterddp.launch.run import RunOptions
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_all,
@@ -254,30 +254,21 @@ def dry_run_text(job: JobSpec, plans: Sequence[LaunchPlan], sessions: Sequence[H
     return "\n".join(lines) + "\n"
 
 
-def run_fanout_from_cli(job: JobSpec, args: argparse.Namespace) -> int:
-    """Adapter for ``clusterddp run``: argparse namespace -> FanoutOptions."""
-    return run_fanout(job, options_from_args(args))
-
-
-def options_from_args(args: argparse.Namespace) -> FanoutOptions:
-    """FanoutOptions from ``clusterddp run`` flags; launcher flags are passed on to every host."""
+def fanout_options(options: RunOptions) -> FanoutOptions:
+    """FanoutOptions from ``clusterddp run``'s options; launcher flags are passed on to every host."""
     passthrough: list[str] = []
-    for flag, name in (("--restarts", "restarts"), ("--grace-period", "grace_period"),
-                       ("--python", "python"), ("--log-dir", "log_dir")):
-        value = getattr(args, name, None)
+    for flag, value in (("--restarts", options.restarts), ("--grace-period", options.grace_period),
+                        ("--python", options.python), ("--log-dir", options.log_dir)):
         if value is not None:
             passthrough += [flag, str(value)]
-    ranks = getattr(args, "log_ranks", None)
-    if ranks is not None:
-        passthrough += ["--log-ranks", ",".join(str(r) for r in sorted(ranks))]
-    if getattr(args, "no_prefix", False):
+    if options.log_ranks is not None:
+        passthrough += ["--log-ranks", ",".join(str(r) for r in sorted(options.log_ranks))]
+    if options.no_prefix:
         passthrough.append("--no-prefix")
     return FanoutOptions(
-        hostfile=getattr(args, "hostfile", None), include=tuple(getattr(args, "include", ()) or ()),
-        exclude=tuple(getattr(args, "exclude", ()) or ()), nproc_per_node=getattr(args, "nproc_per_node", None),
-        master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", None),
-        run_id=getattr(args, "run_id", None), dry_run=bool(getattr(args, "dry_run", False)),
-        launcher_args=tuple(passthrough))
+        hostfile=options.hostfile, include=options.include, exclude=options.exclude,
+        nproc_per_node=options.nproc_per_node, master_addr=options.master_addr, master_port=options.master_port,
+        run_id=options.run_id, dry_run=options.dry_run, launcher_args=tuple(passthrough))
 
 
 def _entries(job: JobSpec, options: FanoutOptions) -> list[HostEntry]:
