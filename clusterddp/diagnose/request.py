@@ -7,12 +7,12 @@ launcher), groups the stacks, and writes ``stacks-*.txt`` beside the logs. The j
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 import re
 import time
+from dataclasses import dataclass
 
 from clusterddp.errors import ClusterDDPError
 
@@ -58,16 +58,27 @@ def _reports(run_dir: str, pid: int) -> set[str]:
             if pattern.match(os.path.basename(path))}
 
 
-def stacks_main(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class StacksOptions:
+    """Which run to ask, and how long to wait for its answer."""
+
+    #: Run id or log directory; None: the newest run under ``log_dir`` whose launcher is alive.
+    target: str | None = None
+    log_dir: str = "logs"
+    timeout: float = 10.0
+
+
+def stacks_main(options: StacksOptions) -> int:
+    """Ask the run's launcher for every worker's stack; print the grouped report."""
     from clusterddp.launch.supervisor import STACKS_REQUEST_SIGNAL
 
-    run_dir, data = find_launcher(args.target, args.log_dir)
+    run_dir, data = find_launcher(options.target, options.log_dir)
     pid = int(data["pid"])
     if not _alive(pid):
         raise ClusterDDPError(f"the launcher of run {data.get('run_id')} (pid {pid}) is not running")
     before = _reports(run_dir, pid)
     os.kill(pid, STACKS_REQUEST_SIGNAL)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + options.timeout
     while time.monotonic() < deadline:
         new = sorted(_reports(run_dir, pid) - before)
         if new:
@@ -77,4 +88,4 @@ def stacks_main(args: argparse.Namespace) -> int:
             print(f"(saved in {new[-1]})")
             return 0
         time.sleep(0.05)
-    raise ClusterDDPError(f"no stacks from run {data.get('run_id')} within {args.timeout:g}s")
+    raise ClusterDDPError(f"no stacks from run {data.get('run_id')} within {options.timeout:g}s")
