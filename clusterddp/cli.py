@@ -12,17 +12,20 @@ import os
 import re
 import signal
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 import typing
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from clusterddp import __version__, validate
 from clusterddp.affinity import MODES as AFFINITY_MODES
 from clusterddp.errors import ClusterDDPError
 
 if TYPE_CHECKING:  # imported lazily at run time: `clusterddp --help` should not pay for YAML
-    from clusterddp.envs.base import Overrides
+    from clusterddp.schedulers.openpai import OpenPAIOptions
+    from clusterddp.schedulers.slurm import SlurmOptions
     from clusterddp.spec import JobSpec
+
+_Options = TypeVar("_Options")
 
 SCHEDULER_ACTIONS = ("render", "submit", "status", "stop")
 
@@ -52,11 +55,12 @@ def _dispatch(argv: list[str]) -> int:
     command, extra = _split_command(argv)
     parser = build_parser()
     if len(argv) >= 1 and argv[0] in SCHEDULER_ACTIONS:
-        # `clusterddp submit slurm JOB ...`: the scheduler module parses its own flags.
+        # `clusterddp submit slurm JOB ...`: the scheduler's own flags follow its name.
         args, _ = parser.parse_known_args(argv[:2])
         from clusterddp.schedulers import get_scheduler
 
-        return int(get_scheduler(args.scheduler).main(args.command, argv[2:]))
+        options = scheduler_options(args.command, args.scheduler, argv[2:])
+        return int(get_scheduler(args.scheduler).main(options))
     args = parser.parse_args(command)
     if args.command is None:
         parser.print_help()
@@ -68,13 +72,13 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "env":
         return _env(args)
     if args.command == "stacks":
-        from clusterddp.diagnose.request import stacks_main
+        from clusterddp.diagnose.request import StacksOptions, stacks_main
 
-        return stacks_main(args)
+        return stacks_main(options_from(StacksOptions, args))
     if args.command == "doctor":
-        from clusterddp.launch.doctor import doctor_main
+        from clusterddp.launch.doctor import DoctorOptions, doctor_main
 
-        return doctor_main(args)
+        return doctor_main(args.job, options_from(DoctorOptions, args))
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -155,6 +159,16 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     return convert
 
 
+def _sizes(raw: str) -> tuple[int, ...] | None:
+    problem = validate.line_problem(raw)
+    if problem:
+        raise _Problem(problem)
+    parts = [part.strip() for part in raw.split(",") if part.strip()]
+    if not all(validate.INTEGER_TEXT.fullmatch(part) for part in parts):
+        raise _Problem(f"expected sizes in bytes like 8,65536, got {validate.shown(raw)}")
+    return tuple(int(part) for part in parts) or None
+
+
 def _node_rank(value: int) -> str | None:
     return None if 0 <= value < validate.MAX_NODES else f"must be 0-{validate.MAX_NODES - 1}, got {value}"
 
@@ -188,7 +202,7 @@ FLAGS: dict[str, tuple[str, Callable[[str], Any], str | None]] = {
     "iters": ("--iters", _checked(_integer, validate.workers_problem), None),
     "partners": ("--partners", _checked(_integer, validate.nodes_problem), None),
     "slow_fraction": ("--slow-fraction", _checked(_number, _fraction), None),
-    "sizes": ("--sizes", _text(validate.line_problem), None),
+    "sizes": ("--sizes", _sizes, None),
     "job": ("JOB", _text(validate.path_problem), None),
     "target": ("TARGET", _text(validate.path_problem), None),
 }
@@ -296,6 +310,71 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _SchedulerParser(argparse.ArgumentParser):
+    """A scheduler's flags: a usage mistake is one ``clusterddp: error: clusterddp ACTION
+    SCHEDULER: ...`` line and exit 2 instead of argparse's usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        raise ClusterDDPError(f"{self.prog}: {message}", f"see '{self.prog} --help'")
+
+
+def scheduler_options(action: str, scheduler: str, argv: Sequence[str]) -> SlurmOptions | OpenPAIOptions:
+    """``clusterddp ACTION SCHEDULER ...``: the scheduler's flags, parsed here, as its options.
+
+    An unknown scheduler, then an action it does not have, is refused before any flag is read.
+    """
+    from clusterddp.schedulers import get_scheduler
+
+    get_scheduler(scheduler).check_action(action)
+    if scheduler == "slurm":
+        from clusterddp.schedulers.slurm import SlurmOptions
+
+        return options_from(SlurmOptions, _slurm_parser(action).parse_args(argv), action=action)
+    from clusterddp.schedulers.openpai import OpenPAIOptions
+
+    return options_from(OpenPAIOptions, _openpai_parser(action).parse_args(argv), action=action)
+
+
+def _slurm_parser(action: str) -> argparse.ArgumentParser:
+    parser = _SchedulerParser(prog=f"clusterddp {action} slurm",
+                              description="Render the job file as an sbatch script"
+                              + (" and submit it with sbatch." if action == "submit" else "."))
+    parser.add_argument("job", help="job file (jobs/*.yaml)")
+    parser.add_argument("--python", help="interpreter on the compute nodes (default: the job's python, else this one)")
+    if action == "render":
+        parser.add_argument("-o", "--output", help="write the script here instead of printing it")
+    else:
+        parser.add_argument("--dry-run", action="store_true", help="print the script and the sbatch command, submit nothing")
+    return parser
+
+
+def _openpai_parser(action: str) -> argparse.ArgumentParser:
+    from clusterddp.schedulers.openpai_rest import TOKEN_ENV, URL_ENV
+
+    parser = _SchedulerParser(prog=f"clusterddp {action} openpai", description={
+        "render": "Render the job file as an OpenPAI protocol-v2 job.",
+        "submit": "Render the job file and submit it to OpenPAI's REST server.",
+        "status": "Show an OpenPAI job's state.",
+        "stop": "Stop an OpenPAI job.",
+    }[action])
+    if action in ("render", "submit"):
+        parser.add_argument("job", help="job file (jobs/*.yaml), as the task finds it after the setup lines")
+        parser.add_argument("--name", help="OpenPAI job name (default: openpai.name, else the job's name)")
+    else:
+        parser.add_argument("job_id", metavar="USER~JOB", help="the id 'submit' printed")
+    if action == "render":
+        parser.add_argument("-o", "--output", help="write the spec here instead of printing it")
+        return parser
+    parser.add_argument("--url", help=f"the OpenPAI web portal, e.g. https://pai.example (or {URL_ENV})")
+    parser.add_argument("--token-file", help=f"file holding the bearer token (default: ${TOKEN_ENV})")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the server")
+    if action == "submit":
+        parser.add_argument("--dry-run", action="store_true", help="print the spec and the request, send nothing")
+    if action == "status":
+        parser.add_argument("--json", action="store_true", help="print the server's whole answer")
+    return parser
+
+
 def _load(args: argparse.Namespace) -> JobSpec:
     from clusterddp.spec import job_from_command, load_job
 
@@ -319,41 +398,32 @@ def _load(args: argparse.Namespace) -> JobSpec:
     return job.with_overrides(logs=logs, given_by=given, **changes)
 
 
-def _overrides(args: argparse.Namespace, job: JobSpec | None = None) -> Overrides:
-    from clusterddp.envs import Overrides
-
-    return Overrides(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                     master_port=args.master_port, run_id=args.run_id, job=job)
-
-
-def _wants_fanout(job: JobSpec, args: argparse.Namespace, overrides: Overrides) -> bool:
-    if args.watch_stdin or args.node_rank is not None:
-        return False  # a launcher the head started on a host: never fan out again
-    if args.hostfile:
-        return True
-    return bool(job.ssh.hosts or job.ssh.hostfile) and not overrides.any_given
+def options_from(cls: type[_Options], args: argparse.Namespace, **values: Any) -> _Options:
+    """The typed options ``cls`` of a library entry point, from the flags it has (as ``_typed``
+    converted them); a flag not given leaves the dataclass's default."""
+    for item in fields(cls):  # type: ignore[arg-type]
+        value = getattr(args, item.name, None)
+        if value is not None and item.name not in values:
+            values[item.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from clusterddp.launch.run import RunOptions, run_job
+
     job = _load(args)
-    overrides = _overrides(args, job)
-    if _wants_fanout(job, args, overrides):
-        from clusterddp.launch.ssh.fanout import run_fanout_from_cli
-
-        return run_fanout_from_cli(job, args)
-    from clusterddp.launch.local import run_local
-
-    return run_local(job, overrides, args, dict(os.environ))
+    return run_job(job, options_from(RunOptions, args), dict(os.environ))
 
 
 def _env(args: argparse.Namespace) -> int:
     from clusterddp.envs import detect, known_environments
+    from clusterddp.launch.run import RunOptions
     from clusterddp.spec import JobSpec
     from clusterddp.topology import resolve
 
     args.script_command = []
     job = _load(args) if args.job else JobSpec(name="env", script="-", nproc_per_node=args.nproc_per_node or "auto")
-    environment = detect(dict(os.environ), _overrides(args, job if args.job else None))
+    environment = detect(dict(os.environ), options_from(RunOptions, args).overrides(job if args.job else None))
     placement = environment.placement()
     topology = resolve(job, placement, dict(os.environ), master_port=args.master_port, nnodes=args.nnodes)
     if args.json:

@@ -17,7 +17,7 @@ from typing import Mapping
 from clusterddp.devices import GpuInventory, cpu_count, gpu_inventory
 from clusterddp.envs.base import Placement
 from clusterddp.errors import EnvironmentDetectionError, LaunchError
-from clusterddp.spec import JobSpec
+from clusterddp.spec import JobSpec, NprocPerNode
 from clusterddp.validate import nodes_problem, port_problem, token_problem, workers_problem
 
 #: Derived master ports fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the well-known and
@@ -122,34 +122,58 @@ def check_port_free(addr: str, port: int) -> None:
                               "choose another with --master-port or master.port in the job file") from None
 
 
+#: What ``count_workers`` counted.
+CPU_CORES, VISIBLE_GPUS, SCHEDULED = "CPU cores", "visible GPUs", "the scheduler's count"
+
+
+def count_workers(request: NprocPerNode, gpus: int, cpus: int, scheduled: int | None = None) -> tuple[int, str]:
+    """Workers on one node for ``nproc_per_node``, and what the count is; the one rule for this
+    node and for every host of a fan-out (counted there from the host's probe).
+
+    A number as given; ``cpu``: one per core; ``gpu``: what the scheduler gave, else one per
+    visible GPU (0 without one: the caller names that problem); ``auto``: the scheduler's count,
+    else one per visible GPU, else ``CPU_AUTO_WORKERS`` (torchrun's ``auto`` takes every core:
+    ask for that with ``cpu``).
+    """
+    if isinstance(request, int):
+        return request, "nproc_per_node"
+    if request == "cpu":
+        return cpus, CPU_CORES
+    if request == "gpu" and gpus == 0:
+        return 0, VISIBLE_GPUS
+    if scheduled:
+        return scheduled, SCHEDULED
+    if gpus:
+        return gpus, VISIBLE_GPUS
+    return CPU_AUTO_WORKERS, "auto without a GPU"
+
+
 def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str],
                   gpus: GpuInventory | None = None) -> int:
-    """Workers on this node: the job's number, else what the scheduler gave, else devices.
-
-    ``auto``: one per visible GPU; on a node without one, ``CPU_AUTO_WORKERS`` (torchrun's
-    ``auto`` takes every CPU core instead: ask for that with ``cpu``).
-    """
+    """Workers on this node (``count_workers``), each count within the bound of a typed one."""
     request = job.nproc_per_node
     if isinstance(request, int):
         problem = workers_problem(request)
         if problem:
             raise LaunchError(f"{job.where('nproc_per_node')}: {problem}")
         return request
-    if request == "cpu":
-        return _bounded(job, cpu_count(), "CPU cores")
     inventory = gpus if gpus is not None else gpu_inventory(env, query=False)
-    if request == "gpu" and inventory.count == 0:
+    count, what = count_workers(request, inventory.count, cpu_count() if request == "cpu" else 0,
+                                placement.nproc_per_node)
+    if request == "gpu" and count == 0:
         raise EnvironmentDetectionError(
             f"{job.where('nproc_per_node')}: 'gpu' but this node has no visible GPU ({inventory.source})",
             "use 'auto' or a number to run on CPU slots")
-    if placement.nproc_per_node:
-        problem = workers_problem(placement.nproc_per_node)
+    if what == SCHEDULED:
+        problem = workers_problem(count)
         if problem:
             raise EnvironmentDetectionError(f"{placement.env}: workers per node: {problem}")
-        return placement.nproc_per_node
-    if inventory.count:
-        return _bounded(job, inventory.count, f"visible GPUs ({inventory.source})")
-    return CPU_AUTO_WORKERS if request == "auto" else _bounded(job, cpu_count(), "CPU cores")
+        return count
+    if what == CPU_CORES:
+        return _bounded(job, count, what)
+    if what == VISIBLE_GPUS:
+        return _bounded(job, count, f"{what} ({inventory.source})")
+    return count
 
 
 def _bounded(job: JobSpec, count: int, what: str) -> int:
@@ -185,7 +209,7 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
     _check_placement(placement)
     gpus = gpu_inventory(env, query=False)
     nproc = resolve_nproc(job, placement, env, gpus)
-    run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or _default_run_id(job, placement)
+    run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or default_run_id(job.name, placement.nnodes)
     if token_problem(run_id, "a run id"):  # it names the log directory: never a path
         raise EnvironmentDetectionError(f"{placement.env}: run id: {token_problem(run_id, 'a run id')}")
     addr = placement.master_addr or job.master.addr
@@ -193,9 +217,8 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
         raise EnvironmentDetectionError(
             f"{placement.env}: no master address for a {placement.nnodes}-node job",
             "give --master-addr or master.addr in the job file")
-    port = master_port or placement.master_port or job.master.port
-    if port is None:
-        port = free_port() if placement.nnodes == 1 and _is_loopback(addr) else derive_port(run_id)
+    port = choose_port(run_id, master_port, placement.master_port, job.master.port,
+                       here=placement.nnodes == 1 and is_loopback(addr))
     if port_problem(port):
         raise EnvironmentDetectionError(f"{placement.env}: master port: {port_problem(port)}")
     backend = job.backend if job.backend != "auto" else ("nccl" if gpus.count > 0 else "gloo")
@@ -217,13 +240,24 @@ def _check_placement(placement: Placement) -> None:
             f"{placement.env}: node rank {placement.node_rank} is outside 0..{placement.nnodes - 1}")
 
 
-def _default_run_id(job: JobSpec, placement: Placement) -> str:
-    # Several nodes started by hand must agree on the run id (it seeds the port), so it is the
-    # job name; one node gets a unique id so its logs do not overwrite the last run's.
-    if placement.nnodes > 1:
-        return job.name
-    return f"{job.name[:96]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+def default_run_id(name: str, nnodes: int = 1) -> str:
+    """The run id when none is given. Several nodes started by hand must agree on it (it seeds
+    the port), so it is the job name; one node, or a head that hands its id to every node, gets
+    a unique id so its logs do not overwrite the last run's."""
+    if nnodes > 1:
+        return name
+    return f"{name[:96]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def _is_loopback(addr: str) -> bool:
-    return addr in ("localhost", "::1") or addr.startswith("127.")
+def choose_port(run_id: str, *given: int | None, here: bool = False) -> int:
+    """The master port: the first one given (flag, environment, job file); else a free one when
+    this machine is the whole job (``here``); else one every node derives from the run id."""
+    for port in given:
+        if port:
+            return port
+    return free_port() if here else derive_port(run_id)
+
+
+def is_loopback(addr: str | None) -> bool:
+    """True for an address only this machine can reach (localhost, 127.0.0.0/8, ::1)."""
+    return addr is not None and (addr in ("localhost", "::1") or addr.startswith("127."))

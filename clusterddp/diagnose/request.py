@@ -8,9 +8,9 @@ All three (the file, the signal, the report's name) are ``clusterddp.protocol``'
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
+from dataclasses import dataclass
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, launcher_files, read_launcher_file,
@@ -44,14 +44,25 @@ def find_launcher(target: str | None, log_dir: str) -> tuple[str, dict]:
                           "give the run id or its log directory: clusterddp stacks RUN_ID")
 
 
-def stacks_main(args: argparse.Namespace) -> int:
-    run_dir, data = find_launcher(args.target, args.log_dir)
+@dataclass(frozen=True)
+class StacksOptions:
+    """Which run to ask, and how long to wait for its answer."""
+
+    #: Run id or log directory; None: the newest run under ``log_dir`` whose launcher is alive.
+    target: str | None = None
+    log_dir: str = "logs"
+    timeout: float = 10.0
+
+
+def stacks_main(options: StacksOptions) -> int:
+    """Ask the run's launcher for every worker's stack; print the grouped report."""
+    run_dir, data = find_launcher(options.target, options.log_dir)
     pid = int(data["pid"])
     if not _alive(pid):
         raise ClusterDDPError(f"the launcher of run {data.get('run_id')} (pid {pid}) is not running")
     before = stacks_reports(run_dir, pid)
     os.kill(pid, STACKS_REQUEST_SIGNAL)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + options.timeout
     while time.monotonic() < deadline:
         new = sorted(stacks_reports(run_dir, pid) - before)
         if new:
@@ -61,4 +72,4 @@ def stacks_main(args: argparse.Namespace) -> int:
             print(f"(saved in {new[-1]})")
             return 0
         time.sleep(0.05)
-    raise ClusterDDPError(f"no stacks from run {data.get('run_id')} within {args.timeout:g}s")
+    raise ClusterDDPError(f"no stacks from run {data.get('run_id')} within {options.timeout:g}s")

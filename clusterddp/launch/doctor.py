@@ -17,12 +17,10 @@ built-in worker; the figures come from the ``netperf`` leaf, shared with that wo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -32,6 +30,7 @@ from clusterddp.launch.ssh.preflight import HeadFacts, HostSession
 from clusterddp.netperf import SLOW_FRACTION, Measurements, allreduce_table, node_figures, node_table
 from clusterddp.protocol import DOCTOR_MARKER
 from clusterddp.spec import JobSpec, load_job
+from clusterddp.topology import default_run_id
 
 WORKER = ("-m", "clusterddp.train.bandwidth")
 #: Seconds the local test may take before it is considered stuck.
@@ -40,8 +39,10 @@ LOCAL_TIMEOUT = 600.0
 
 @dataclass(frozen=True)
 class DoctorOptions:
-    """What to measure. Defaults keep a run to seconds once torch is imported."""
+    """Where and what to measure. Defaults keep a run to seconds once torch is imported."""
 
+    #: Hosts to test (else the job's ssh.hosts / ssh.hostfile, else this node only).
+    hostfile: str | None = None
     sizes: tuple[int, ...] = (8, 65536, 1 << 20)
     iters: int = 5
     partners: int = 3
@@ -51,17 +52,6 @@ class DoctorOptions:
         args = ["--sizes", ",".join(str(s) for s in self.sizes), "--iters", str(self.iters),
                 "--partners", str(self.partners)]
         return args + (["--backend", backend] if backend != "auto" else [])
-
-
-def options_from_args(args: argparse.Namespace) -> DoctorOptions:
-    """Optional ``--sizes``, ``--iters``, ``--partners``, ``--slow-fraction`` when the CLI has them."""
-    defaults = DoctorOptions()
-    sizes = getattr(args, "sizes", None)
-    return DoctorOptions(
-        sizes=tuple(int(s) for s in str(sizes).split(",") if s.strip()) if sizes else defaults.sizes,
-        iters=getattr(args, "iters", None) or defaults.iters,
-        partners=getattr(args, "partners", None) or defaults.partners,
-        slow_fraction=getattr(args, "slow_fraction", None) or defaults.slow_fraction)
 
 
 class LineCapture:
@@ -91,13 +81,12 @@ def find_result(lines: Sequence[str]) -> Measurements | None:
     return None
 
 
-def doctor_main(args: argparse.Namespace) -> int:
-    job = load_job(args.job)
-    options = options_from_args(args)
-    hostfile = getattr(args, "hostfile", None)
-    run_id = f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    if hostfile or job.ssh.hosts or job.ssh.hostfile:
-        code, measurements, output = _across_hosts(job, hostfile, options, run_id)
+def doctor_main(job_path: str, options: DoctorOptions) -> int:
+    """Preflight and measure the job's nodes; the exit code of the module's docstring."""
+    job = load_job(job_path)
+    run_id = default_run_id("doctor")
+    if options.hostfile or job.ssh.hosts or job.ssh.hostfile:
+        code, measurements, output = _across_hosts(job, options, run_id)
     else:
         code, measurements, output = _on_this_node(job, options, run_id)
     return report(measurements, code, output, options)
@@ -122,11 +111,10 @@ def report(m: Measurements | None, code: int, output: Sequence[str], options: Do
     return 0
 
 
-def _across_hosts(job: JobSpec, hostfile: str | None, options: DoctorOptions,
-                  run_id: str) -> tuple[int, Measurements | None, list[str]]:
+def _across_hosts(job: JobSpec, options: DoctorOptions, run_id: str) -> tuple[int, Measurements | None, list[str]]:
     out, err = LineCapture(), LineCapture()
     fanout = FanoutOptions(
-        hostfile=hostfile, run_id=run_id, stdout=out, stderr=err,  # type: ignore[arg-type]
+        hostfile=options.hostfile, run_id=run_id, stdout=out, stderr=err,  # type: ignore[arg-type]
         command=(*WORKER, *options.worker_args(job.backend)), on_probed=print_preflight,
         launcher_args=("--log-dir", job.logs.dir, "--grace-period", "2"))
     code = run_fanout(replace(job, hang_timeout=None, restarts=0), fanout)

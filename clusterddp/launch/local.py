@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from typing import Mapping
 
 from clusterddp.envs import Overrides, detect
+from clusterddp.launch.run import RunOptions
 from clusterddp.launch import plan as planning
 from clusterddp.launch.logs import say
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
@@ -29,7 +29,7 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str]) -> 
     return topology, relaunch
 
 
-def supervisor_options(job: JobSpec, args: argparse.Namespace, run_dir: str | None = None) -> SupervisorOptions:
+def supervisor_options(job: JobSpec, options: RunOptions, run_dir: str | None = None) -> SupervisorOptions:
     return SupervisorOptions(
         job_name=job.name,
         grace_period=job.grace_period,
@@ -37,25 +37,26 @@ def supervisor_options(job: JobSpec, args: argparse.Namespace, run_dir: str | No
         forward_signals=tuple(getattr(signal, name) for name in job.forward_signals),
         console_ranks=frozenset(job.logs.ranks) if job.logs.ranks is not None else None,
         prefix=job.logs.prefix,
-        watch_stdin=getattr(args, "watch_stdin", False),
-        heartbeat_timeout=getattr(args, "heartbeat_timeout", 6.0),
-        report_json=getattr(args, "report_json", False),
+        watch_stdin=options.watch_stdin,
+        heartbeat_timeout=options.heartbeat_timeout,
+        report_json=options.report_json,
         hang_timeout=job.hang_timeout,
         run_dir=run_dir,
     )
 
 
-def run_local(job: JobSpec, overrides: Overrides, args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     """Start and supervise this node's workers; return the launcher's exit code.
 
     Workers inherit the launcher's environment, so ``env_passthrough`` needs no copying here;
     a listed variable that is unset is an error before anything is planned or started.
     """
     passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env)
+    overrides = options.overrides(job)
     topology, relaunch = resolve_here(job, overrides, env)
     cwd = os.getcwd()
     plans = planning.worker_plans(job, topology, env, cwd)
-    if args.dry_run:
+    if options.dry_run:
         if relaunch:
             print("would re-launch on every node: " + " ".join(relaunch))
         print(planning.dry_run_text(job, topology, plans, env))
@@ -69,8 +70,8 @@ def run_local(job: JobSpec, overrides: Overrides, args: argparse.Namespace, env:
     planning.prepare_logs(plans)
     for note in topology.notes:
         say(f"clusterddp: note: {note}")  # a closed console must not stop the job
-    options = supervisor_options(job, args, planning.run_dir(job, topology, cwd))
-    return LocalSupervisor(topology, plans, options).run()
+    supervision = supervisor_options(job, options, planning.run_dir(job, topology, cwd))
+    return LocalSupervisor(topology, plans, supervision).run()
 
 
 def _is_local(addr: str) -> bool:

@@ -1,17 +1,15 @@
 """Schedulers that take a rendered job: a plain dict of name -> module, imported lazily.
 
-Each module offers ``main(action, argv) -> int`` for the actions it supports
-(``render``, ``submit``, ``status``, ``stop``) and parses its own flags, so the CLI stays thin
-and importing the CLI imports no scheduler.
+Each module offers ``check_action(action)`` and ``main(options) -> int`` for the actions it
+supports (``render``, ``submit``, ``status``, ``stop``); the CLI parses the flags into the
+module's options dataclass. Importing the CLI imports no scheduler.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.validate import shown
@@ -27,14 +25,6 @@ def get_scheduler(name: str) -> ModuleType:
     if name not in SCHEDULERS:
         raise ClusterDDPError(f"unknown scheduler {name!r}; known: {', '.join(sorted(SCHEDULERS))}")
     return importlib.import_module(SCHEDULERS[name])
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """The schedulers' flags: a usage mistake is one ``clusterddp: error:`` line and exit 2,
-    like every other user error, instead of argparse's usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ClusterDDPError(f"{self.prog}: {message}", f"see '{self.prog} --help'")
 
 
 def write_output(path: str, text: str) -> None:

@@ -8,7 +8,6 @@ run JOB``: one launcher per node, which reads its place from SLURM's variables
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
@@ -16,6 +15,7 @@ import string
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -25,7 +25,7 @@ from clusterddp.exitcodes import PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
 from clusterddp.spec import JobSpec, load_job
 from clusterddp.redact import passthrough_env, scrub
-from clusterddp.schedulers import OneLineParser, write_output
+from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.templates import load_template
 from clusterddp.validate import shown
@@ -154,37 +154,48 @@ def _traps(signal_spec: str | None, where: str = "<job>") -> str:
     return f"trap 'forward_signal {name}' {name}\n"
 
 
-def build_parser(action: str) -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=f"clusterddp {action} slurm",
-                           description="Render the job file as an sbatch script"
-                           + (" and submit it with sbatch." if action == "submit" else "."))
-    parser.add_argument("job", help="job file (jobs/*.yaml)")
-    parser.add_argument("--python", help="interpreter on the compute nodes (default: the job's python, else this one)")
-    if action == "render":
-        parser.add_argument("-o", "--output", help="write the script here instead of printing it")
-    else:
-        parser.add_argument("--dry-run", action="store_true", help="print the script and the sbatch command, submit nothing")
-    return parser
+#: The actions slurm supports.
+ACTIONS = ("render", "submit")
 
 
-def main(action: str, argv: list[str], env: Mapping[str, str] | None = None) -> int:
-    """``render`` prints or writes the script; ``submit`` also runs ``sbatch --parsable``."""
-    if action not in ("render", "submit"):
+@dataclass(frozen=True)
+class SlurmOptions:
+    """``clusterddp render|submit slurm`` as the CLI parsed it."""
+
+    action: str
+    #: The job file; every node's launcher reads it (a shared file system is assumed).
+    job: str
+    #: Interpreter on the compute nodes (default: the job's python, else this one).
+    python: str | None = None
+    #: ``render``: write the script here instead of printing it.
+    output: str | None = None
+    #: ``submit``: print the script and the sbatch command, submit nothing.
+    dry_run: bool = False
+
+
+def check_action(action: str) -> None:
+    """Refuse an action slurm does not have (before any flag is read)."""
+    if action not in ACTIONS:
         raise SubmitError(f"slurm supports 'render' and 'submit', not {action!r}")
+
+
+def main(options: SlurmOptions, env: Mapping[str, str] | None = None) -> int:
+    """``render`` prints or writes the script; ``submit`` also runs ``sbatch --parsable``."""
+    check_action(options.action)
     env = os.environ if env is None else env
-    args = build_parser(action).parse_args(argv)
-    job = load_job(args.job)
-    job_path = os.path.abspath(args.job)  # every node's launcher reads it (shared file system)
-    script = render_sbatch(job, job_path, python=args.python)
-    if action == "render":
-        if args.output:
-            write_output(args.output, script)
-            print(f"wrote {args.output}; submit it with: mkdir -p {shlex.quote(job.logs.dir)} && sbatch {shlex.quote(args.output)}")
+    job = load_job(options.job)
+    job_path = os.path.abspath(options.job)  # every node's launcher reads it (shared file system)
+    script = render_sbatch(job, job_path, python=options.python)
+    if options.action == "render":
+        if options.output:
+            write_output(options.output, script)
+            print(f"wrote {options.output}; submit it with: mkdir -p {shlex.quote(job.logs.dir)} && "
+                  f"sbatch {shlex.quote(options.output)}")
         else:
             sys.stdout.write(script)
         return 0
     passthrough_env(job.env_passthrough, env, job.source or job_path, job.env)
-    return _submit(job, script, dry_run=args.dry_run, env=env)
+    return _submit(job, script, dry_run=options.dry_run, env=env)
 
 
 #: What ``submit`` keeps from the caller's SLURM_* variables: the client's own configuration.

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from clusterddp.specload import check, check_each
-from clusterddp.validate import MAX_VALUE_CHARS, line_problem, shown
+from clusterddp.validate import MAX_VALUE_CHARS, line_problem, non_negative_problem, positive_problem, shown
 
 #: OpenPAI's job-name pattern (protocol.js: ``^[a-zA-Z0-9_-]+$``, at most 255 characters).
 JOB_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,255}")
@@ -21,14 +21,6 @@ IDENTIFIER_PATTERN = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 IMAGE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
 #: Port labels the REST server adds to every task role itself; a second one would clash.
 RESERVED_PORT_LABELS = ("ssh", "http")
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else f"must be >= 0, got {value}"
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else f"must be > 0, got {value}"
 
 
 def _job_name(value: str) -> str | None:
@@ -84,14 +76,14 @@ class OpenPAISpec:
     task_role: str = field(default="worker", metadata=check(_identifier))
     #: The port label whose task-0 port becomes MASTER_PORT.
     port_label: str = field(default="SynPort", metadata=check(_port_label))
-    cpu: int = field(default=4, metadata=check(_positive))
-    memory_mb: int = field(default=8192, metadata=check(_positive))
+    cpu: int = field(default=4, metadata=check(positive_problem))
+    memory_mb: int = field(default=8192, metadata=check(positive_problem))
     #: GPUs per instance; 0 is a CPU job (gloo on the CPU slots).
-    gpu: int = field(default=0, metadata=check(_non_negative))
+    gpu: int = field(default=0, metadata=check(non_negative_problem))
     #: /dev/shm size; 512 is OpenPAI's own default, DataLoader workers often need more.
-    shm_mb: int = field(default=512, metadata=check(_positive))
-    task_retry_count: int = field(default=0, metadata=check(_non_negative))
-    job_retry_count: int = field(default=0, metadata=check(_non_negative))
+    shm_mb: int = field(default=512, metadata=check(positive_problem))
+    task_retry_count: int = field(default=0, metadata=check(non_negative_problem))
+    job_retry_count: int = field(default=0, metadata=check(non_negative_problem))
     #: Shell lines run before ``clusterddp run`` (install, cd into the checkout...).
     setup: tuple[str, ...] = field(default=(), metadata=check_each(_line))
     #: OpenPAI ``parameters:``, usable in setup lines as ``<% $parameters.NAME %>``.

@@ -12,7 +12,7 @@ import signal as signals
 from dataclasses import dataclass, field
 
 from clusterddp.specload import check, check_each
-from clusterddp.validate import MAX_VALUE_CHARS, line_problem, shown
+from clusterddp.validate import MAX_VALUE_CHARS, line_problem, non_negative_problem, positive_problem, shown
 
 #: sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch.1).
 TIME = re.compile(r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})")
@@ -24,14 +24,6 @@ SIGNAL = re.compile(r"(?:([RB]{1,2}):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?")
 OPTION_VALUE = re.compile(r"[^\s'\"]+")
 #: One extra sbatch option: ``--name`` or ``--name=value`` (or ``-X value``), one line.
 EXTRA_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(?:[= ][^\s].*)?")
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else f"must be > 0, got {value}"
-
-
-def _non_negative(value: int) -> str | None:
-    return None if value >= 0 else f"must be >= 0, got {value}"
 
 
 def _matches(pattern: re.Pattern[str], example: str):  # type: ignore[no-untyped-def]
@@ -90,8 +82,8 @@ class SlurmSpec:
     """sbatch options; ``nodes`` comes from the job's top-level ``nodes``."""
 
     partition: str | None = field(default=None, metadata=check(_option))
-    gpus_per_node: int | None = field(default=None, metadata=check(_non_negative))
-    cpus_per_task: int | None = field(default=None, metadata=check(_positive))
+    gpus_per_node: int | None = field(default=None, metadata=check(non_negative_problem))
+    cpus_per_task: int | None = field(default=None, metadata=check(positive_problem))
     mem: str | None = field(default=None, metadata=check(_matches(MEM, "'64G' or '4000'")))
     time: str | None = field(default=None, metadata=check(_matches(TIME, "'4:00:00' or '1-12:00:00'")))
     account: str | None = field(default=None, metadata=check(_option))

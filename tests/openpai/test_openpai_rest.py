@@ -17,6 +17,7 @@ import pytest
 import yaml
 from pai_server import PREFIX, FakeOpenPAI, fake_openpai
 
+from clusterddp.cli import scheduler_options
 from clusterddp.errors import SubmitError
 from clusterddp.schedulers import openpai
 from clusterddp.schedulers.openpai_render import render_openpai
@@ -53,12 +54,16 @@ def leak_check(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixt
     assert TOKEN not in out + err + logged
 
 
+def run_openpai(action: str, argv: list[str], env: dict[str, str]) -> int:
+    return openpai.main(scheduler_options(action, "openpai", argv), env=env)
+
+
 def env(**extra: str) -> dict[str, str]:
     return {"CLUSTERDDP_OPENPAI_TOKEN": TOKEN, **extra}
 
 
 def submit(pai: FakeOpenPAI, *args: str) -> int:
-    return openpai.main("submit", [JOB, "--url", pai.url, *args], env=env())
+    return run_openpai("submit", [JOB, "--url", pai.url, *args], env=env())
 
 
 def test_202_prints_the_job_id_and_sends_yaml_with_bearer_token(
@@ -76,7 +81,7 @@ def test_202_prints_the_job_id_and_sends_yaml_with_bearer_token(
 def test_url_with_rest_server_suffix_or_slash_reaches_the_same_endpoint(pai: FakeOpenPAI, leak_check: None) -> None:
     """--url given as the portal, with '/', or with '/rest-server' posts to the same place."""
     for i, url in enumerate([pai.url + "/", pai.url + "/rest-server", pai.url + "/rest-server/"]):
-        assert openpai.main("submit", [JOB, "--url", url, "--name", f"n{i}"], env=env()) == 0
+        assert run_openpai("submit", [JOB, "--url", url, "--name", f"n{i}"], env=env()) == 0
     assert [r.path for r in pai.requests] == [f"{PREFIX}/jobs"] * 3
 
 
@@ -96,7 +101,7 @@ def test_403_names_the_virtual_cluster(pai: FakeOpenPAI, tmp_path: Path, leak_ch
     job.write_text(Path(JOB).read_text().replace("openpai:\n", "openpai:\n  virtual_cluster: vip\n")
                    .replace("../../../jobs/hello.py", str(REPO / "jobs" / "hello.py")))
     with pytest.raises(SubmitError, match=r"OpenPAI refused \(403 ForbiddenUserError\): .*not allowed.* vip") as info:
-        openpai.main("submit", [str(job), "--url", pai.url], env=env())
+        run_openpai("submit", [str(job), "--url", pai.url], env=env())
     assert "virtual_cluster" in str(info.value)
 
 
@@ -114,7 +119,7 @@ def test_401_with_a_wrong_token_never_shows_either_token(
     wrong = tmp_path / "token"
     wrong.write_text("wrong-token-abc\n")
     with pytest.raises(SubmitError) as info:
-        openpai.main("submit", [JOB, "--url", pai.url, "--token-file", str(wrong)], env=env())
+        run_openpai("submit", [JOB, "--url", pai.url, "--token-file", str(wrong)], env=env())
     assert "did not accept the token (401" in str(info.value)
     assert "wrong-token-abc" not in str(info.value) + repr(info.value) and "***" in str(info.value)
     assert pai.requests[0].headers["Authorization"] == "Bearer wrong-token-abc"  # the file wins over the env
@@ -135,7 +140,7 @@ def test_refused_connection_is_one_line(leak_check: None) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(SubmitError, match=rf"cannot reach OpenPAI at http://127.0.0.1:{port}/rest-server: connection refused"):
-        openpai.main("submit", [JOB, "--url", f"http://127.0.0.1:{port}"], env=env())
+        run_openpai("submit", [JOB, "--url", f"http://127.0.0.1:{port}"], env=env())
 
 
 def test_timeout_is_one_line(pai: FakeOpenPAI, leak_check: None) -> None:
@@ -159,21 +164,21 @@ def test_status_and_stop(pai: FakeOpenPAI, capsys: pytest.CaptureFixture[str], l
     assert submit(pai) == 0
     capsys.readouterr()
     args = ["alice~minimal", "--url", pai.url]
-    assert openpai.main("status", args, env=env()) == 0
+    assert run_openpai("status", args, env=env()) == 0
     assert capsys.readouterr().out.splitlines() == [
         "alice~minimal RUNNING", "  worker[0] RUNNING 10.151.41.8", "  worker[1] RUNNING 10.151.41.9"]
-    assert openpai.main("stop", args, env=env()) == 0
+    assert run_openpai("stop", args, env=env()) == 0
     stop = pai.requests[-1]
     assert (stop.method, stop.path) == ("PUT", f"{PREFIX}/jobs/alice~minimal/executionType")
     assert json.loads(stop.body) == {"value": "STOP"} and stop.headers["Content-Type"] == "application/json"
-    assert openpai.main("status", [*args, "--json"], env=env()) == 0
+    assert run_openpai("status", [*args, "--json"], env=env()) == 0
     assert json.loads(capsys.readouterr().out)["jobStatus"]["state"] == "STOPPING"
 
 
 def test_status_of_an_unknown_job_is_404(pai: FakeOpenPAI, leak_check: None) -> None:
     """An unknown job id: one line naming it and the server's NoJobError message."""
     with pytest.raises(SubmitError, match=r"no job alice~nope \(404 NoJobError\): Job alice~nope is not found\."):
-        openpai.main("status", ["alice~nope", "--url", pai.url], env=env())
+        run_openpai("status", ["alice~nope", "--url", pai.url], env=env())
 
 
 def test_user_comes_from_the_token_when_the_server_does_not_say(pai: FakeOpenPAI, capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,7 +186,7 @@ def test_user_comes_from_the_token_when_the_server_does_not_say(pai: FakeOpenPAI
     payload = base64.urlsafe_b64encode(json.dumps({"username": "bob"}).encode()).decode().rstrip("=")
     jwt = f"eyJhbGciOiJIUzI1NiJ9.{payload}.c2ln"
     pai.token, pai.terse = jwt, True
-    assert openpai.main("submit", [JOB, "--url", pai.url], env={"CLUSTERDDP_OPENPAI_TOKEN": jwt}) == 0
+    assert run_openpai("submit", [JOB, "--url", pai.url], env={"CLUSTERDDP_OPENPAI_TOKEN": jwt}) == 0
     assert capsys.readouterr().out == "bob~minimal\n"
 
 
@@ -195,7 +200,7 @@ def test_user_comes_from_the_token_when_the_server_does_not_say(pai: FakeOpenPAI
 def test_configuration_errors_before_any_request(argv: list[str], env_vars: dict[str, str], message: str) -> None:
     """A missing token or URL, a bad URL, job id or token file: a clear error, nothing sent."""
     with pytest.raises(SubmitError, match=message):
-        openpai.main("status", argv, env=env_vars)
+        run_openpai("status", argv, env=env_vars)
 
 
 @pytest.mark.parametrize("given, expected", [

@@ -12,7 +12,7 @@ import pytest
 import clusterddp
 from clusterddp.errors import JobSpecError, SubmitError
 from clusterddp.schedulers import get_scheduler
-from clusterddp.schedulers.slurm import main, render_sbatch
+from clusterddp.schedulers.slurm import SlurmOptions, main, render_sbatch
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import cli, cli_env
 
@@ -151,4 +151,4 @@ def test_submit_shows_sbatch_errors(tmp_path: Path) -> None:
 def test_unknown_action_is_refused() -> None:
     """Only render and submit exist for slurm."""
     with pytest.raises(SubmitError):
-        main("status", ["x.yaml"])
+        main(SlurmOptions("status", job="x.yaml"))

@@ -8,7 +8,6 @@ that failed first. docs/ssh.md is the user's guide to all of it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
+from clusterddp.launch.run import RunOptions
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_all,
@@ -31,7 +31,7 @@ from clusterddp.launch.ssh.summary import format_outcome
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
-from clusterddp.topology import derive_port
+from clusterddp.topology import choose_port, count_workers, default_run_id, is_loopback
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FDS_PER_HOST = 5
@@ -102,10 +102,10 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
                   identity_file=_job_path(job, job.ssh.identity_file))
     hosts = resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file))
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys)
-    run_id = options.run_id or f"{job.name[:96]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    master_port = options.master_port or job.master.port or derive_port(run_id)
+    run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
+    master_port = choose_port(run_id, options.master_port, job.master.port)
     master_addr = options.master_addr or job.master.addr or _address_of(hosts[0])
-    if len(hosts) > 1 and master_addr and (master_addr.startswith("127.") or master_addr == "localhost"):
+    if len(hosts) > 1 and is_loopback(master_addr):
         raise RemoteError(f"master address {master_addr} is loopback, but the job spans {len(hosts)} hosts",
                           "set master.addr to an address the other hosts can reach")
     python = job.python or sys.executable
@@ -222,20 +222,14 @@ def _plans(job: JobSpec, options: FanoutOptions, sessions: Sequence[HostSession]
 
 
 def _nproc(job: JobSpec, options: FanoutOptions, session: HostSession) -> tuple[int, str]:
-    """Workers on one host: --nproc-per-node, else the host's slots, else the job's nproc_per_node."""
-    facts = session.facts
+    """Workers on one host: --nproc-per-node, else the host's slots, else the job's
+    nproc_per_node counted on the host (``topology.count_workers``)."""
     if isinstance(options.nproc_per_node, int):
         return options.nproc_per_node, "--nproc-per-node"
     if options.nproc_per_node is None and session.host.slots:
         return session.host.slots, f"slots={session.host.slots} at {session.host.origin}"
     request = options.nproc_per_node or job.nproc_per_node
-    if isinstance(request, int):
-        return request, "nproc_per_node"
-    if request == "cpu":
-        return facts["cpus"], "CPU count"
-    if request == "gpu":
-        return facts["gpus"], "GPU count"
-    return (facts["gpus"], "GPU count") if facts["gpus"] else (facts["cpus"], "CPU count")
+    return count_workers(request, session.facts["gpus"], session.facts["cpus"])  # type: ignore[arg-type]
 
 
 def dry_run_text(job: JobSpec, plans: Sequence[LaunchPlan], sessions: Sequence[HostSession],
@@ -257,30 +251,21 @@ def dry_run_text(job: JobSpec, plans: Sequence[LaunchPlan], sessions: Sequence[H
     return "\n".join(lines) + "\n"
 
 
-def run_fanout_from_cli(job: JobSpec, args: argparse.Namespace) -> int:
-    """Adapter for ``clusterddp run``: argparse namespace -> FanoutOptions."""
-    return run_fanout(job, options_from_args(args))
-
-
-def options_from_args(args: argparse.Namespace) -> FanoutOptions:
-    """FanoutOptions from ``clusterddp run`` flags; launcher flags are passed on to every host."""
+def fanout_options(options: RunOptions) -> FanoutOptions:
+    """FanoutOptions from ``clusterddp run``'s options; launcher flags are passed on to every host."""
     passthrough: list[str] = []
-    for flag, name in (("--restarts", "restarts"), ("--grace-period", "grace_period"),
-                       ("--python", "python"), ("--log-dir", "log_dir")):
-        value = getattr(args, name, None)
+    for flag, value in (("--restarts", options.restarts), ("--grace-period", options.grace_period),
+                        ("--python", options.python), ("--log-dir", options.log_dir)):
         if value is not None:
             passthrough += [flag, str(value)]
-    ranks = getattr(args, "log_ranks", None)
-    if ranks is not None:
-        passthrough += ["--log-ranks", ",".join(str(r) for r in sorted(ranks))]
-    if getattr(args, "no_prefix", False):
+    if options.log_ranks is not None:
+        passthrough += ["--log-ranks", ",".join(str(r) for r in sorted(options.log_ranks))]
+    if options.no_prefix:
         passthrough.append("--no-prefix")
     return FanoutOptions(
-        hostfile=getattr(args, "hostfile", None), include=tuple(getattr(args, "include", ()) or ()),
-        exclude=tuple(getattr(args, "exclude", ()) or ()), nproc_per_node=getattr(args, "nproc_per_node", None),
-        master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", None),
-        run_id=getattr(args, "run_id", None), dry_run=bool(getattr(args, "dry_run", False)),
-        launcher_args=tuple(passthrough))
+        hostfile=options.hostfile, include=options.include, exclude=options.exclude,
+        nproc_per_node=options.nproc_per_node, master_addr=options.master_addr, master_port=options.master_port,
+        run_id=options.run_id, dry_run=options.dry_run, launcher_args=tuple(passthrough))
 
 
 def _entries(job: JobSpec, options: FanoutOptions) -> list[HostEntry]:
