@@ -35,6 +35,8 @@ class RunOptions:
     log_dir: str | None = None
     log_ranks: frozenset[int] | None = None
     no_prefix: bool = False
+    cpu_affinity: str | None = None
+    virtual_local_rank: bool = False
     #: Set by the SSH head on the remote launchers: stop when stdin closes or goes silent.
     watch_stdin: bool = False
     heartbeat_timeout: float = 6.0

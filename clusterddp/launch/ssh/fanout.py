@@ -255,13 +255,16 @@ def fanout_options(options: RunOptions) -> FanoutOptions:
     """FanoutOptions from ``clusterddp run``'s options; launcher flags are passed on to every host."""
     passthrough: list[str] = []
     for flag, value in (("--restarts", options.restarts), ("--grace-period", options.grace_period),
-                        ("--python", options.python), ("--log-dir", options.log_dir)):
+                        ("--python", options.python), ("--log-dir", options.log_dir),
+                        ("--cpu-affinity", options.cpu_affinity)):
         if value is not None:
             passthrough += [flag, str(value)]
     if options.log_ranks is not None:
         passthrough += ["--log-ranks", ",".join(str(r) for r in sorted(options.log_ranks))]
     if options.no_prefix:
         passthrough.append("--no-prefix")
+    if options.virtual_local_rank:
+        passthrough.append("--virtual-local-rank")
     return FanoutOptions(
         hostfile=options.hostfile, include=options.include, exclude=options.exclude,
         nproc_per_node=options.nproc_per_node, master_addr=options.master_addr, master_port=options.master_port,
