@@ -7,6 +7,11 @@ One module per step, in the order a run goes through them:
 - ``stub``: the tiny program each host runs first: report facts, wait for "go", exec
 - ``preflight``: every host's facts checked together; all problems reported at once
 - ``remote_command``: the launcher's argv and env for one host, built, never concatenated
-- ``relay``: output relayed with heartbeats; any failure stops every host
+- ``relay``: the run's coordinator: output relayed with heartbeats; any failure stops every host
+  - ``io``: each host's channel read line by line, lines relayed, heartbeats sent
+  - ``teardown``: every host stopped: stdin closed, then a process-group kill over SSH
+  - ``outcome``: the exit code and the host that failed first, pure functions over plain data
+  - ``stacks``: one "where is each rank" round across hosts
+- ``summary``: the closing report naming the root cause and every host's end
 - ``fanout``: ``run_fanout(job, FanoutOptions) -> exit code``, the entry point
 """

@@ -24,7 +24,8 @@ from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_all,
                                              raise_problems, start_sessions)
-from clusterddp.launch.ssh.relay import Relay, RemoteLauncher
+from clusterddp.launch.ssh.io import RemoteLauncher
+from clusterddp.launch.ssh.relay import Relay
 from clusterddp.launch.ssh.remote_command import (LaunchPlan, forwarded_env, launcher_argv,
                                                   launcher_env)
 from clusterddp.launch.ssh.summary import format_outcome
@@ -112,13 +113,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     cwd = options.cwd or os.getcwd()
     head_env = dict(os.environ if options.head_env is None else options.head_env)
     base_env = head_launch_env(job, head_env)
-    if options.command:
-        target, paths = ["--", *options.command], []
-    else:
-        target = [os.path.abspath(job.source)] if job.source else ["--", *job.entry_argv()]
-        paths = [os.path.abspath(job.source)] if job.source else []
-        if job.script:
-            paths.append(os.path.abspath(job.script_path()))
+    target, paths = _target(job, options)
 
     _raise_fd_limit(len(hosts), say)
     say(f"{len(hosts)} hosts, run id {run_id}, master {master_addr}:{master_port}; "
@@ -152,6 +147,18 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
         _restore(stop)
         for session in sessions:
             session.close()
+
+
+def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]:
+    """What every remote launcher runs (the job file, or ``-- argv``), and the paths preflight
+    checks on each host (the job file and its script)."""
+    if options.command:
+        return ["--", *options.command], []
+    target = [os.path.abspath(job.source)] if job.source else ["--", *job.entry_argv()]
+    paths = [os.path.abspath(job.source)] if job.source else []
+    if job.script:
+        paths.append(os.path.abspath(job.script_path()))
+    return target, paths
 
 
 def _run(job: JobSpec, options: FanoutOptions, sessions: list[HostSession], plans: list[LaunchPlan],

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from clusterddp.exitcodes import HANG
-from clusterddp.launch.ssh.relay import Outcome, RemoteLauncher
+from clusterddp.launch.ssh.io import RemoteLauncher
+from clusterddp.launch.ssh.relay import Outcome
 
 
 def format_outcome(job_name: str, outcome: Outcome) -> str:

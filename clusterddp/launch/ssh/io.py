@@ -1,0 +1,161 @@
+"""The head's I/O with every host: each launcher's channel read line by line, its lines
+relayed to the console, heartbeats and requests written to its stdin, its end noticed.
+
+What the lines mean (result and stacks lines, hangs) is the relay's business; this module
+only moves bytes and records what a channel says about its host in ``HostState``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, BinaryIO, Callable, Sequence
+
+from clusterddp.launch.ssh.connect import USER_TIMEOUT_MS
+from clusterddp.launch.ssh.outcome import HostState
+from clusterddp.launch.ssh.preflight import HostSession
+from clusterddp.launch.ssh.remote_command import LaunchPlan
+from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result
+
+#: ``(launcher, "out" | "err", line ending in a newline)``
+LineHandler = Callable[["RemoteLauncher", str, bytes], None]
+
+
+class RemoteLauncher(HostState):
+    """The launcher on one host, as the head sees it: its state plus its session and log."""
+
+    def __init__(self, session: HostSession, plan: LaunchPlan, log: BinaryIO) -> None:
+        super().__init__(name=session.host.name)
+        self.session = session
+        self.plan = plan
+        #: The head's copy of everything the host wrote.
+        self.log = log
+        #: What arrived after the last newline, per stream.
+        self.partial: dict[str, bytes] = {"out": b"", "err": b""}
+        #: Inside the launcher's own stderr block about a dump (kept out of the console).
+        self.in_stacks_block = False
+
+    @property
+    def channel(self) -> Any:
+        return self.session.channel
+
+
+class Console:
+    """The head's stdout and stderr, shared by the relay loop and the kill threads."""
+
+    def __init__(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self._lock = threading.Lock()
+
+    def say(self, message: str) -> None:
+        """One ``clusterddp: ...`` line on stderr."""
+        self.write_err(f"clusterddp: {message}\n")
+
+    def write_err(self, text: str) -> None:
+        with self._lock:
+            self.stderr.write(text.encode())
+            self.stderr.flush()
+
+    def relay(self, launcher: RemoteLauncher, stream: str, line: bytes) -> None:
+        """A host's line on the head's matching stream; the launcher's own messages (not
+        ``[rank ...]`` prefixed by its workers' relay) say which host they come from."""
+        if not line.startswith(b"["):
+            line = f"[{launcher.name}] ".encode() + line
+        out = self.stdout if stream == "out" else self.stderr
+        out.write(line)
+        out.flush()
+
+
+def send_plan(launcher: RemoteLauncher) -> None:
+    """GO: the stub on the host reads its launcher's argv, env and directory and execs it."""
+    launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
+
+
+def drain(launcher: RemoteLauncher, on_line: LineHandler) -> None:
+    """Read whatever the channel holds, handing on every complete line."""
+    channel = launcher.channel
+    while channel.recv_ready():
+        _split(launcher, "out", channel.recv(65536), on_line)
+    while channel.recv_stderr_ready():
+        _split(launcher, "err", channel.recv_stderr(65536), on_line)
+
+
+def _split(launcher: RemoteLauncher, stream: str, data: bytes, on_line: LineHandler) -> None:
+    data = launcher.partial[stream] + data
+    *lines, launcher.partial[stream] = data.split(b"\n")
+    for line in lines:
+        on_line(launcher, stream, line + b"\n")
+
+
+def flush_partials(launchers: Sequence[RemoteLauncher], on_line: LineHandler) -> None:
+    """The end: a last line without its newline is still a line."""
+    for launcher in launchers:
+        for stream, rest in launcher.partial.items():
+            if rest:
+                on_line(launcher, stream, rest + b"\n")
+                launcher.partial[stream] = b""
+
+
+def poll_end(launcher: RemoteLauncher) -> bool:
+    """True once the host's session is over and read to the end; records its exit or loss."""
+    channel = launcher.channel
+    transport = channel.get_transport()
+    if not channel.exit_status_ready() and transport is not None and transport.is_active():
+        return False
+    if channel.recv_ready() or channel.recv_stderr_ready():
+        return False
+    status = channel.recv_exit_status()
+    if status == -1 and (transport is None or not transport.is_active()):
+        launcher.lost = ("connection lost (no TCP acknowledgement for "
+                         f"{USER_TIMEOUT_MS / 1000:.0f}s: link down or host dead?)")
+        # The link stopped acknowledging about USER_TIMEOUT before the kernel gave up.
+        launcher.failed_at = time.time() - USER_TIMEOUT_MS / 1000
+    else:
+        launcher.exit_status = status
+        if launcher.failed() and launcher.failed_at is None:
+            launcher.failed_at = time.time()
+    launcher.done = True
+    return True
+
+
+def read_result(launcher: RemoteLauncher, line: bytes) -> None:
+    """The launcher's result line; an unreadable one is a failure."""
+    try:
+        launcher.result = parse_result(line)
+    except ValueError:
+        launcher.result = {"exit_code": 1, "root_cause": None, "reason": "unreadable result line"}
+    if launcher.failed() and launcher.failed_at is None:
+        launcher.failed_at = time.time()
+
+
+def in_stacks_block(launcher: RemoteLauncher, line: bytes) -> bool:
+    """The launcher's own stderr lines about a dump: the merged report replaces them."""
+    if line.startswith(REMOTE_BLOCK_HEADER):
+        launcher.in_stacks_block = True
+        return True
+    if launcher.in_stacks_block and line.startswith(b"  "):
+        return True
+    launcher.in_stacks_block = False
+    return False
+
+
+def heartbeat(launchers: Sequence[RemoteLauncher]) -> None:
+    """A newline down every running launcher's stdin: it stops when these stop coming."""
+    send_running(launchers, b"\n")
+
+
+def send_running(launchers: Sequence[RemoteLauncher], data: bytes) -> None:
+    """``data`` to every launcher still running; a dead connection is noticed by ``poll_end``
+    and the host's own heartbeat check stops it."""
+    for launcher in launchers:
+        if not launcher.done:
+            send(launcher, data)
+
+
+def send(launcher: RemoteLauncher, data: bytes) -> None:
+    try:
+        launcher.channel.send(data)
+    except (OSError, EOFError, Exception):  # noqa: BLE001 (a dead transport raises various)
+        pass
