@@ -55,7 +55,7 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     ordered = sorted(set(cpus))
     ranges: list[str] = []
     start = prev = None
-    for cpu in ordered + [None]:  # type: ignore[list-item]
+    for cpu in [*ordered, None]:
         if start is not None and (cpu is None or cpu != prev + 1):  # type: ignore[operator]
             ranges.append(str(start) if start == prev else f"{start}-{prev}")
             start = None

@@ -95,7 +95,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose own errors (unknown flag, missing value) are one ClusterDDPError line,
     exit 2, like every other bad input; ``--help`` and ``--version`` still print and exit 0."""
 
-    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> typing.NoReturn:
         where = self.prog.removeprefix("clusterddp").strip() or "clusterddp"
         message = message.removeprefix("argument ")
         raise ClusterDDPError(f"{where}: {validate.escape_controls(message)[:300]}", f"see '{self.prog} --help'")
@@ -137,7 +137,7 @@ def _nproc_value(raw: str) -> int | str:
         return raw
     if not validate.INTEGER_TEXT.fullmatch(raw):
         raise _Problem(f"expected a number, 'auto', 'gpu' or 'cpu', got {validate.shown(raw)}")
-    return _checked(int, validate.workers_problem)(raw)
+    return int(_checked(int, validate.workers_problem)(raw))
 
 
 def _ranks(raw: str) -> frozenset[int]:
@@ -314,7 +314,7 @@ class _SchedulerParser(argparse.ArgumentParser):
     """A scheduler's flags: a usage mistake is one ``clusterddp: error: clusterddp ACTION
     SCHEDULER: ...`` line and exit 2 instead of argparse's usage block."""
 
-    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> typing.NoReturn:
         raise ClusterDDPError(f"{self.prog}: {message}", f"see '{self.prog} --help'")
 
 

@@ -122,9 +122,9 @@ def _driver_rows(root: str = DRIVER_PROC) -> dict[str, tuple[str, str, str]]:
 
 def _nvidia_smi_rows() -> dict[str, tuple[str, str, str]]:
     """index -> (index, bus id, uuid) from the driver, else nvidia-smi; empty without a driver."""
-    rows = _driver_rows()
-    if rows:
-        return rows
+    from_driver = _driver_rows()
+    if from_driver:
+        return from_driver
     if shutil.which("nvidia-smi") is None:
         return {}
     try:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 #: A remote launcher's last stdout line: its exit code, host, root cause and stop reason.
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
@@ -132,7 +133,7 @@ def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str,
         pass
 
 
-def read_launcher_file(run_dir: str) -> dict | None:  # type: ignore[type-arg]  (JSON: any values)
+def read_launcher_file(run_dir: str) -> dict[str, Any] | None:
     """The ``launcher.json`` of ``run_dir``; None when there is none."""
     import json
 

@@ -41,7 +41,7 @@ def _names(problem: Any) -> Any:
     """A check over a whole list or mapping of names: the first bad name's problem."""
     def checker(value: Any) -> str | None:
         for name in value:
-            found = problem(name)
+            found: str | None = problem(name)
             if found:
                 return found
         return None
@@ -214,7 +214,7 @@ def _keys(node: object) -> set[str]:
 def _line_of(node: object, key: str) -> int | None:
     for key_node, _ in getattr(node, "value", []):
         if key_node.value == key:
-            return key_node.start_mark.line + 1
+            return int(key_node.start_mark.line) + 1
     return None
 
 

@@ -212,11 +212,11 @@ class _BoundedLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
-                mark = self.peek_event().start_mark
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
                 raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
             return super().compose_node(parent, index)
         finally:
@@ -231,12 +231,14 @@ def _check_depth(text: str) -> None:
     """Refuse nesting past MAX_YAML_DEPTH from the event stream (libyaml's parser keeps an
     explicit stack), before libyaml's composer recurses in C, where no RecursionError guards."""
     depth = 0
+    if _FAST_LOADER is None:
+        return
     for event in yaml.parse(text, Loader=_FAST_LOADER):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_YAML_DEPTH:
                 raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
-                                                  event.start_mark)
+                                                  typing.cast(yaml.error.Mark, event.start_mark))
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 
@@ -266,10 +268,10 @@ def compose(path: str, text: str) -> yaml.Node:
         raise JobSpecError(path, None, "", f"invalid YAML: {problem}") from None
     if node is None:
         raise JobSpecError(path, None, "", "the job file is empty")
-    return node
+    return typing.cast(yaml.Node, node)
 
 
-def _required(f: dataclasses.Field) -> bool:
+def _required(f: dataclasses.Field[Any]) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 

@@ -107,7 +107,7 @@ def format_ranks(ranks: list[int]) -> str:
     parts: list[str] = []
     ordered = sorted(ranks)
     start = prev = ordered[0] if ordered else 0
-    for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+    for rank in [*ordered[1:], None]:
         if rank is not None and rank == prev + 1:
             prev = rank
             continue

@@ -17,6 +17,7 @@ import re
 import signal
 import stat
 import unicodedata
+from typing import Mapping
 
 #: A job file is a regular file of at most this many bytes (a FIFO would hang the reader,
 #: /dev/zero would fill memory).
@@ -291,7 +292,7 @@ def module_problem(value: str) -> str | None:
     return f"expected a dotted Python module name like 'pkg.train', got {shown(value)}"
 
 
-def exec_size_problem(argv: "list[str] | tuple[str, ...]", env: "dict[str, str]") -> str | None:
+def exec_size_problem(argv: "list[str] | tuple[str, ...]", env: "Mapping[str, str]") -> str | None:
     """Why exec would refuse this argv + environment with E2BIG; None when it fits. Names the
     argument or variable at fault, never its value."""
     total = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, launcher_files, read_launcher_file,
@@ -27,7 +28,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def find_launcher(target: str | None, log_dir: str) -> tuple[str, dict]:
+def find_launcher(target: str | None, log_dir: str) -> tuple[str, dict[str, Any]]:
     """The run directory and launcher.json of ``target`` (run id or dir), or the newest live run."""
     if target:
         candidates = [target, os.path.join(log_dir, target)]

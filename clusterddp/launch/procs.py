@@ -48,7 +48,7 @@ def become_subreaper() -> bool:
     """Make orphaned descendants (double forks) reparent to this process, not to init."""
     if _libc is None:
         return False
-    return _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return bool(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
 def _die_with_parent(parent_pid: int, join: Callable[[], None] | None,
@@ -99,7 +99,7 @@ def children() -> set[int]:
 
 def _stats() -> list[tuple[int, tuple[str, int, int, int]]]:
     """(pid, (state, ppid, pgrp, start time)) of every process, from /proc/*/stat."""
-    result = []
+    result: list[tuple[int, tuple[str, int, int, int]]] = []
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:

@@ -93,7 +93,9 @@ def _job_word(job_path: str, where: str) -> str:
 
 def _scalar(value: object, where: str, key: str) -> str:
     """A string value as an exact YAML scalar; text OpenPAI cannot hold is refused."""
-    problem = text_problem(value) if isinstance(value, str) else f"must be a string, got {type(value).__name__}"
+    if not isinstance(value, str):
+        raise JobSpecError(where, None, key, f"must be a string, got {type(value).__name__}")
+    problem = text_problem(value)
     if problem:
         raise JobSpecError(where, None, key, problem)
     return yaml_scalar(value)

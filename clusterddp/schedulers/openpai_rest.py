@@ -243,7 +243,7 @@ def _job_name(spec_yaml: str) -> str:
         raise SubmitError(f"the OpenPAI job is not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise SubmitError("the OpenPAI job has no 'name'")
-    return data["name"]
+    return str(data["name"])
 
 
 def _user_from_message(message: str) -> str | None:

@@ -39,7 +39,7 @@ def bf16_capable(device: torch.device) -> bool:
 
 def choose_amp(request: bool | str | None, device: torch.device) -> str:
     """The mode for ``request`` (True/False/None or a name of ``AMP_MODES``) on ``device``."""
-    name = {True: "auto", False: "off", None: "off"}.get(request, request)  # type: ignore[call-overload]
+    name = "auto" if request is True else "off" if request is False or request is None else request
     if not isinstance(name, str) or name.lower() not in AMP_MODES:
         raise ValueError(f"amp={request!r}: use True, False or one of {', '.join(AMP_MODES)}")
     name = name.lower()

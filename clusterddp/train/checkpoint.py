@@ -14,6 +14,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+import typing
 from typing import Any, Iterator
 
 import torch
@@ -47,7 +48,7 @@ def capture_rng() -> dict[str, Any]:
     except ImportError:
         pass
     else:
-        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        name, keys, pos, has_gauss, gauss = typing.cast(Any, np.random.get_state())  # the legacy tuple
         state["numpy"] = (name, keys.tolist(), int(pos), int(has_gauss), float(gauss))
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()

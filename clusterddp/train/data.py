@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from typing import Any, Callable, Iterator, Sized
 
 import torch
@@ -29,7 +30,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def __init__(self, dataset: Sized, num_replicas: int, rank: int, shuffle: bool = True,
                  seed: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+        super().__init__(typing.cast(Any, dataset), num_replicas=num_replicas, rank=rank, shuffle=shuffle,
                          seed=seed, drop_last=False)
         self.skip = 0
 

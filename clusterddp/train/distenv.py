@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: torchrun's names, which the clusterddp launcher emits as well.
 TORCHRUN_VARS = {
@@ -37,7 +37,7 @@ TORCHRUN_VARS = {
 
 #: SLURM's names in per-task mode (srun.1). Step variables first: inside srun they describe
 #: the step, while the job-level ones may describe the whole allocation.
-SLURM_VARS = {
+SLURM_VARS: dict[str, Any] = {  # a name, or the names to try in order
     "rank": "SLURM_PROCID",
     "local_rank": "SLURM_LOCALID",
     "node_rank": "SLURM_NODEID",
@@ -218,7 +218,8 @@ def _from_slurm(env: Mapping[str, str], expand_hostlist: Callable[[str], list[st
             raise DistEnvError("slurm: no SLURM_STEP_NODELIST or SLURM_JOB_NODELIST to find "
                                "the master host in, and MASTER_ADDR is not set")
         if expand_hostlist is None:
-            from clusterddp.hostlist import expand_hostlist  # torch-free, SLURM syntax
+            from clusterddp import hostlist  # torch-free, SLURM syntax
+            expand_hostlist = hostlist.expand_hostlist
         hosts = expand_hostlist(nodelist)
         if not hosts:
             raise DistEnvError(f"slurm: nodelist {nodelist!r} names no hosts")

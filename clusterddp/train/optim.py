@@ -39,7 +39,7 @@ def make_optimizer(kind: str, params: Iterable[Any], device: torch.device, *,
     them). SGD with ``dampening`` is left unfused: see ``_prime_momentum``.
     """
     try:
-        cls = KINDS[kind.lower()]
+        cls: Any = KINDS[kind.lower()]  # each takes fused=, which the Optimizer base does not declare
     except KeyError:
         raise ValueError(f"unknown optimizer {kind!r}; known: {', '.join(KINDS)}") from None
     use_fused = device.type == "cuda" if fused is None else fused

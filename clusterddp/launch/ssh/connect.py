@@ -100,7 +100,7 @@ def open_client(host: Host, settings: ConnectSettings) -> paramiko.SSHClient:
         client.set_missing_host_key_policy(policy)
         client.connect(
             host.address, port=host.port, username=host.user, sock=sock,
-            key_filename=list(host.identity_files) or None,
+            key_filename=list(host.identity_files) or None,  # type: ignore[arg-type]  # a list works too
             look_for_keys=not host.identity_files,
             allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
             timeout=settings.timeout, banner_timeout=settings.timeout, auth_timeout=settings.timeout)

@@ -28,13 +28,14 @@ import shutil
 import socket
 import subprocess
 import sys
+from typing import Any, Dict, List, Optional  # typing's aliases: the remote interpreter may be 3.8
 
 #: The stub's one line to the head. Spelled here, not in clusterddp.protocol: this program
 #: runs where clusterddp may not be importable; the head (preflight) reads it from here.
 PROBE_MARKER = "CLUSTERDDP_PROBE "
 
 
-def read_message():
+def read_message() -> Any:
     data = b""
     while not data.endswith(b"\n"):
         byte = os.read(0, 1)
@@ -44,7 +45,7 @@ def read_message():
     return json.loads(data.decode("utf-8"))
 
 
-def dist_version(name):
+def dist_version(name: str) -> Optional[str]:
     """An installed distribution's version without importing it.
 
     Looks for ``NAME-VERSION.dist-info`` on sys.path first (a few listdirs), because
@@ -67,7 +68,7 @@ def dist_version(name):
         return None
 
 
-def clusterddp_facts():
+def clusterddp_facts() -> Dict[str, Any]:
     try:
         import clusterddp
     except Exception as exc:
@@ -75,7 +76,7 @@ def clusterddp_facts():
     return {"version": getattr(clusterddp, "__version__", None), "file": clusterddp.__file__}
 
 
-def gpu_count():
+def gpu_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         if visible.strip() in ("", "none", "NoDevFiles"):
@@ -90,7 +91,7 @@ def gpu_count():
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def route_to(addr):
+def route_to(addr: str) -> Dict[str, Any]:
     """The interface this host uses to reach ``addr`` (for GLOO/NCCL_SOCKET_IFNAME)."""
     if shutil.which("ip") is None:
         return {"error": "the 'ip' command is not installed"}
@@ -98,7 +99,7 @@ def route_to(addr):
     if out.returncode != 0:
         return {"error": (out.stderr or out.stdout).strip() or "ip route get failed"}
     words = out.stdout.split()
-    info = {"local": bool(words) and words[0] == "local"}
+    info: Dict[str, Any] = {"local": bool(words) and words[0] == "local"}
     for key in ("dev", "src"):
         if key in words and words.index(key) + 1 < len(words):
             info[key] = words[words.index(key) + 1]
@@ -109,7 +110,8 @@ def route_to(addr):
     return info
 
 
-def port_free(port):
+def port_busy(port: int) -> Optional[str]:
+    """Why the master port cannot be bound here; None when it is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -119,7 +121,7 @@ def port_free(port):
     return None
 
 
-def probe(request):
+def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     os.environ.update(request["env"])
     for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
         if entry:
@@ -137,11 +139,11 @@ def probe(request):
     if request.get("master_addr"):
         facts["route"] = route_to(request["master_addr"])
     if request.get("check_port"):
-        facts["port_busy"] = port_free(request["master_port"])
+        facts["port_busy"] = port_busy(request["master_port"])
     return facts
 
 
-def run_launcher_here(args, env):
+def run_launcher_here(args: List[str], env: Dict[str, str]) -> None:
     """Become the launcher in this process: it is the interpreter execve would start, and
     skipping a second interpreter start-up saves CPU on every host of a large fan-out."""
     os.environ.update(env)
@@ -151,7 +153,7 @@ def run_launcher_here(args, env):
     runpy.run_module("clusterddp", run_name="__main__")
 
 
-def main():
+def main() -> None:
     facts = probe(read_message())
     sys.stdout.write(PROBE_MARKER + json.dumps(facts) + "\n")
     sys.stdout.flush()
