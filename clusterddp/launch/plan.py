@@ -15,7 +15,7 @@ from clusterddp import affinity
 from clusterddp.devices import cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
 from clusterddp.launch import bootstrap
-from clusterddp.launch.supervisor import WorkerPlan
+from clusterddp.launch.workers import WorkerPlan
 from clusterddp.spec import JobSpec
 from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV
 from clusterddp.topology import Topology

@@ -1,0 +1,271 @@
+"""A group of N local workers: start, poll, teardown, close (torch elastic's PContext shape).
+
+Each worker runs in its own process group; teardown SIGTERMs every group, waits the grace
+period, then SIGKILLs the groups, the job's cgroup, process trees that left their group,
+marked processes and orphans reparented to the launcher (its child subreaper), and ends at
+most grace_period + TEARDOWN_SLACK after the first SIGTERM. No signal handlers, no restarts:
+the supervisor decides when to start and when to stop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from clusterddp import exitcodes
+from clusterddp.launch import procs
+from clusterddp.launch.cgroup import JobCgroup
+from clusterddp.launch.logs import ConsoleSink, WorkerOutput
+from clusterddp.launch.report import WorkerExit, read_error_file
+from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV
+
+#: Teardown ends at most this long after the grace period that follows the first SIGTERM
+#: (everything SIGKILLed, reaped, the cgroup removed, the pipes drained).
+TEARDOWN_SLACK = 0.45
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything needed to start one worker; built once, reused on restarts."""
+
+    local_rank: int
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    log: str
+    error_file: str
+    #: CPUs the worker may run on (clusterddp.affinity); None: the launcher's own mask.
+    cpus: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What diagnostics may know of one worker: plain data, no process handle."""
+
+    rank: int
+    pid: int
+    #: The process has not exited (yet).
+    running: bool
+    #: The group has recorded the worker's exit.
+    exited: bool
+    #: monotonic time of its last output line (0.0: none yet).
+    last_line_at: float
+    stacks_file: str | None
+    heartbeat_file: str | None
+
+
+@dataclass
+class Worker:
+    plan: WorkerPlan
+    proc: subprocess.Popen[bytes]
+    output: WorkerOutput
+    pgid: int
+    exit: WorkerExit | None = None
+
+
+class _Orphans:
+    """Orphans of the workers reparented to the launcher (it is their subreaper)."""
+
+    def __init__(self, reaper: procs.Reaper, before: set[int]) -> None:
+        self.reaper = reaper
+        #: Children of the launcher that are not workers: those it had before, the reaper.
+        self.not_adopted = before | {reaper.pid}
+        self.adopted: set[int] = set()
+
+    def adopt(self, workers: list[Worker]) -> None:
+        """Tell the reaper of new orphans (so they die with a launcher killed by SIGKILL too),
+        and collect the ones that exited (by pid, never waitpid(-1))."""
+        known = self.not_adopted | {w.proc.pid for w in workers}
+        found = procs.children() - known
+        for pid in found - self.adopted:
+            self.reaper.watch_pid(pid)
+        self.adopted |= found
+        self.adopted -= procs.reap(self.adopted)
+
+    def kill(self) -> None:
+        procs.kill_pids(self.adopted)
+
+
+class WorkerGroup:
+    """The workers of one attempt on this node, and what their teardown must reach."""
+
+    def __init__(self, host: str, grace_period: float, console: ConsoleSink) -> None:
+        self.host = host
+        self.grace_period = grace_period
+        self.console = console
+        self.marker = procs.new_marker()
+        self.workers: list[Worker] = []
+        self._cgroup: JobCgroup | None = None
+        self._reaper: procs.Reaper | None = None
+        self._orphans: _Orphans | None = None
+
+    def open(self) -> None:
+        """Become the subreaper of the workers' trees; create the job's cgroup and the reaper."""
+        procs.become_subreaper()
+        before = procs.children()
+        self._cgroup = JobCgroup.create(self.marker)
+        self._reaper = procs.Reaper(self.marker, self._cgroup.path if self._cgroup else None)
+        self._orphans = _Orphans(self._reaper, before)
+
+    def close(self) -> None:
+        """Remove the cgroup and stop the reaper (after the last teardown)."""
+        if self._cgroup is not None:
+            self._cgroup.remove(time.monotonic() + 1.0)
+        if self._reaper is not None:
+            self._reaper.close()
+
+    # -- start and poll -------------------------------------------------------------------------
+
+    def new_attempt(self) -> None:
+        """Forget the workers of the previous attempt (torn down already)."""
+        self.workers = []
+
+    def start(self, plan: WorkerPlan, attempt: int) -> None:
+        """Start one worker of this attempt (its stale error file removed, its output pumped)."""
+        if self._reaper is None:
+            raise RuntimeError("WorkerGroup.start before open()")
+        env = dict(plan.env)
+        env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+        env[SUPERVISOR_ID_ENV] = self.marker
+        try:
+            os.unlink(plan.error_file)
+        except FileNotFoundError:
+            pass
+        output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
+        proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
+        self._reaper.watch(proc.pid)
+        output.pump(proc.stdout, proc.stderr)
+        self.workers.append(Worker(plan=plan, proc=proc, output=output, pgid=proc.pid))
+
+    def poll(self) -> list[WorkerExit]:
+        """Record the exits that happened since the last poll; return the failures among them."""
+        failed = []
+        for worker in self.workers:
+            if worker.exit is None and worker.proc.poll() is not None:
+                worker.exit = self._exit_of(worker, stopped_by_us=False)
+                if worker.exit.returncode != 0:
+                    failed.append(worker.exit)
+        return failed
+
+    def all_exited(self) -> bool:
+        return all(w.exit is not None for w in self.workers)
+
+    def exits(self) -> list[WorkerExit]:
+        return [w.exit for w in self.workers if w.exit is not None]
+
+    def preempted(self) -> bool:
+        return any(w.exit is not None and w.exit.returncode == exitcodes.PREEMPTED for w in self.workers)
+
+    def states(self) -> list[RankState]:
+        return [RankState(rank=w.plan.rank, pid=w.proc.pid, running=w.proc.poll() is None,
+                          exited=w.exit is not None, last_line_at=w.output.last_line_at,
+                          stacks_file=w.plan.env.get(STACKS_FILE_ENV),
+                          heartbeat_file=w.plan.env.get(HEARTBEAT_FILE_ENV)) for w in self.workers]
+
+    def signal_workers(self, signum: int) -> None:
+        """``signum`` to each live worker process only, not its group: SIGUSR1's default
+        action would kill DataLoader workers that never asked for it."""
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                try:
+                    os.kill(worker.proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def adopt_orphans(self) -> None:
+        if self._orphans is not None:
+            self._orphans.adopt(self.workers)
+
+    def _exit_of(self, worker: Worker, stopped_by_us: bool) -> WorkerExit:
+        code = worker.proc.returncode
+        return WorkerExit(host=self.host, rank=worker.plan.rank, local_rank=worker.plan.local_rank,
+                          pid=worker.proc.pid, returncode=-signal.SIGKILL if code is None else code,
+                          log=worker.plan.log,
+                          at=time.time(), stopped_by_us=stopped_by_us)
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    def teardown(self, patient: bool = False) -> None:
+        """SIGTERM every group, wait the grace period, SIGKILL everything, reap; done at most
+        grace_period + TEARDOWN_SLACK after the first SIGTERM.
+
+        ``patient``: a worker was preempted and saved a checkpoint; its peers are most likely
+        saving or exiting too, so they get the grace period to finish before any SIGTERM.
+        """
+        trees = procs.descendants(w.proc.pid for w in self.workers if w.proc.poll() is None)
+        self.poll()  # a worker that ended on its own is not "stopped by clusterddp"
+        if patient:
+            _wait_workers(self.workers, time.monotonic() + self.grace_period)
+            self.poll()
+        live = [w for w in self.workers if w.proc.poll() is None]
+        grace_end = time.monotonic() + (self.grace_period if live else 0.0)
+        for worker in live:
+            procs.signal_group(worker.pgid, signal.SIGTERM)
+        _wait_workers(live, grace_end)
+        self._kill_all(trees)
+        deadline = grace_end + TEARDOWN_SLACK
+        self._reap_all(deadline)
+        for worker in self.workers:
+            self._finish(worker, deadline)
+
+    def _kill_all(self, trees: list[tuple[int, int]]) -> None:
+        """SIGKILL every group (also of workers that exited: their children may linger), the
+        job's cgroup, then what left the group: setsid children (trees), marked processes,
+        and orphans reparented to us (double forks that cleared their environment)."""
+        for worker in self.workers:
+            procs.signal_group(worker.pgid, signal.SIGKILL)
+        if self._cgroup is not None:
+            self._cgroup.kill()
+        procs.kill_processes(trees)
+        procs.kill_marked(self.marker)
+        self.adopt_orphans()
+        if self._orphans is not None:
+            self._orphans.kill()
+
+    def _reap_all(self, deadline: float) -> None:
+        """Until all is gone or ``deadline``: reap the workers and adopted orphans, kill late
+        orphans, wait for the groups and the cgroup to hold no live process (a zombie whose
+        parent is not us does not count)."""
+        pgids = [w.pgid for w in self.workers]
+        while True:
+            for worker in self.workers:
+                worker.proc.poll()
+            self.adopt_orphans()
+            if self._orphans is not None:
+                self._orphans.kill()
+            if all(w.proc.returncode is not None for w in self.workers) \
+                    and not (self._orphans and self._orphans.adopted) \
+                    and (self._cgroup is None or self._cgroup.empty()) and not procs.live_groups(pgids):
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
+    def _finish(self, worker: Worker, deadline: float) -> None:
+        """The worker's exit, its output drained (until ``deadline``), its report tail."""
+        if worker.proc.returncode is None:
+            try:
+                worker.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self.console.say(f"clusterddp: warning: rank {worker.plan.rank} (pid {worker.proc.pid}) did not "
+                                 "die on SIGKILL (uninterruptible sleep?); leaving it")
+        if worker.exit is None:
+            worker.exit = self._exit_of(worker, stopped_by_us=True)
+        worker.output.close(deadline)
+        worker.exit.log_error = worker.output.log_error
+        if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
+            worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
+
+
+def _wait_workers(workers: list[Worker], deadline: float) -> None:
+    """Wait for the workers to exit until the deadline (the caller escalates after)."""
+    for worker in workers:
+        try:
+            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
