@@ -36,7 +36,7 @@ def test_stub_command_quotes_the_interpreter() -> None:
     """The only shell line with input in it quotes the interpreter path and the stub source."""
     words = shlex.split(stub_command("/opt/my python/bin/python"))
     assert words[:3] == ["exec", "/opt/my python/bin/python", "-c"]
-    assert "def probe(request)" in words[3]
+    assert "def probe(request" in words[3]  # the stub source itself, whatever its annotations
 
 
 @pytest.mark.parametrize("pid,pgid,signal_name,expected", [
