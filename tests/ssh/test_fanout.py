@@ -18,8 +18,23 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 def _assert_clean(lab: SSHLab, within: float) -> float:
     clean, seconds, left = lab.wait_clean(within)
-    assert clean, f"processes left after {within}s: {left}"
+    assert clean, f"processes left after {within}s: {_described(left)}"
     return seconds
+
+
+def _described(left: dict[str, list[int]]) -> dict[str, list[str]]:
+    """Each leftover pid with its state and command line, so a failure says what was stuck."""
+    out: dict[str, list[str]] = {}
+    for host, pids in left.items():
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                wchan = Path(f"/proc/{pid}/wchan").read_text()
+            except OSError:
+                state, cmd, wchan = "?", "(gone)", ""
+            out.setdefault(host, []).append(f"{pid} {state} {wchan} {cmd[:160]}")
+    return out
 
 
 def test_hello_4_hosts_x_2_workers(lab4: SSHLab, head_factory, tmp_path: Path) -> None:
