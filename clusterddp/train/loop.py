@@ -167,6 +167,20 @@ def _say(ctx: DistContext, message: str) -> None:
         print(message, flush=True)
 
 
+def _leave_preempted(ctx: DistContext, handler: PreemptionHandler | None, epoch: int, step: int,
+                     saved: str | None) -> None:
+    """Raise ``Preempted`` on every rank, after rank 0 said who was signalled (the signal
+    may have reached only some ranks) and where the checkpoint is."""
+    names = all_gather_objects(handler.signal_name if handler else None)
+    signal_name = next((n for n in names if n), None)
+    who = ", ".join(f"{n} on rank {r}" for r, n in enumerate(names) if n)
+    if ctx.is_main:
+        print(f"clusterddp.train: preempted by {who} at epoch {epoch} step {step}; checkpoint "
+              f"{saved or '(none: no checkpoint_dir)'}; exiting with code {PREEMPTED_EXIT_CODE}",
+              file=sys.stderr, flush=True)
+    raise Preempted(saved, signal_name)
+
+
 def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLoader,
         criterion: Criterion, ctx: DistContext, config: FitConfig, *,
         eval_loader: DataLoader | None = None, scheduler: Any = None) -> FitResult:
@@ -198,20 +212,12 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
                                       epoch=epoch, amp=amp, start=partial, preemption=handler,
                                       show_progress=config.progress)
             if trained.preempted:
-                where = TrainState(epoch, trained.steps_done, trained.loss_sum, ctx.world_size)
                 saved = None
                 if checkpoint is not None:
+                    where = TrainState(epoch, trained.steps_done, trained.loss_sum, ctx.world_size)
                     saved = str(save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
                                                 scheduler=scheduler, amp=amp, state=where))
-                # The signal may have reached only some ranks: say which, from rank 0.
-                names = all_gather_objects(handler.signal_name if handler else None)
-                signal_name = next((n for n in names if n), None)
-                who = ", ".join(f"{n} on rank {r}" for r, n in enumerate(names) if n)
-                if ctx.is_main:
-                    print(f"clusterddp.train: preempted by {who} at epoch {epoch} step "
-                          f"{trained.steps_done}; checkpoint {saved or '(none: no checkpoint_dir)'}; "
-                          f"exiting with code {PREEMPTED_EXIT_CODE}", file=sys.stderr, flush=True)
-                raise Preempted(saved, signal_name)
+                _leave_preempted(ctx, handler, epoch, trained.steps_done, saved)
             if scheduler is not None:
                 scheduler.step()
             metrics = {"train/loss": trained.mean_loss,
