@@ -20,6 +20,7 @@ from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.report import WorkerExit, format_report
 from clusterddp.launch.restart import RestartPolicy, exit_code
+from clusterddp.launch.waker import Waker
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, result_line, write_launcher_file
@@ -65,7 +66,7 @@ class LocalSupervisor:
                                             self.console.say, self._emit if options.report_json else None)
         self._watch = StdinWatch(options.heartbeat_timeout, self.request_stop, self._request_stacks) \
             if options.watch_stdin else None
-        self._wake = threading.Event()
+        self._wake = Waker()  # set by signal handlers: see waker.py for why not an Event
         self._stop_reason: str | None = None
         self._stop_signal: int | None = None
         self._stacks_requested = False

@@ -1,0 +1,68 @@
+"""The supervisor's wake-up call works from signal handlers, where threading.Event can deadlock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from clusterddp.launch.waker import Waker
+
+
+def test_set_before_wait_wakes_at_once_and_clear_resets() -> None:
+    """A set before the wait is not lost; after clear, a wait times out."""
+    waker = Waker()
+    waker.set()
+    waker.set()
+    started = time.monotonic()
+    assert waker.wait(5.0) and time.monotonic() - started < 1.0
+    waker.clear()
+    assert not waker.wait(0.05)
+
+
+def test_set_from_a_thread_wakes_the_waiter() -> None:
+    """Another thread's set ends a long wait early."""
+    waker = Waker()
+    threading.Timer(0.05, waker.set).start()
+    started = time.monotonic()
+    assert waker.wait(5.0) and time.monotonic() - started < 2.0
+
+
+def test_signal_handler_storm_never_deadlocks() -> None:
+    """SIGCHLD-like signals setting the waker while the loop waits and clears: the loop keeps turning.
+
+    With threading.Event this pattern can hang forever when the handler runs while the main
+    thread holds the Event's lock; the pipe-based waker takes no lock."""
+    waker = Waker()
+    previous = signal.signal(signal.SIGUSR2, lambda *_: waker.set())
+    stop = threading.Event()
+
+    def storm() -> None:
+        while not stop.is_set():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=storm, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        turns = 0
+        while time.monotonic() < deadline:
+            waker.wait(0.001)
+            waker.clear()
+            turns += 1
+    finally:
+        stop.set()
+        thread.join(2.0)
+        signal.signal(signal.SIGUSR2, previous)
+    assert turns > 10
+
+
+def test_full_pipe_never_blocks_a_setter() -> None:
+    """Thousands of sets without a clear (a pipe's buffer fills) never block the caller."""
+    waker = Waker()
+    started = time.monotonic()
+    for _ in range(200_000):
+        waker.set()
+    assert time.monotonic() - started < 10 and waker.wait(0)
