@@ -226,6 +226,12 @@ def one_line_problem(value: str, limit: int = MAX_VALUE_CHARS) -> str | None:
     return line_problem(value.replace("\t", " "), limit)
 
 
+def setup_line_problem(line: str) -> str | None:
+    """An entry of ``slurm.setup`` / ``openpai.setup``: one shell line."""
+    problem = one_line_problem(line)
+    return f"one shell line per entry: {problem}" if problem else None
+
+
 def secret_problem(value: str, limit: int = MAX_SECRET_CHARS) -> str | None:
     """A token: one line of visible ASCII, bounded. The problem never quotes the value."""
     if not value:

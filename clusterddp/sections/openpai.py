@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from clusterddp.specload import check, check_each
-from clusterddp.validate import MAX_VALUE_CHARS, line_problem, non_negative_problem, positive_problem, shown
+from clusterddp.validate import non_negative_problem, positive_problem, setup_line_problem, shown
 
 #: OpenPAI's job-name pattern (protocol.js: ``^[a-zA-Z0-9_-]+$``, at most 255 characters).
 JOB_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,255}")
@@ -47,11 +47,6 @@ def _image(value: str) -> str | None:
     return f"not a Docker image reference: {shown(value)}"
 
 
-def _line(line: str) -> str | None:
-    problem = line_problem(line.replace("\t", " "), MAX_VALUE_CHARS)
-    return f"one shell line per entry: {problem}" if problem else None
-
-
 def _parameter_names(value: dict[str, str]) -> str | None:
     for name in value:
         problem = _identifier(name)
@@ -85,6 +80,6 @@ class OpenPAISpec:
     task_retry_count: int = field(default=0, metadata=check(non_negative_problem))
     job_retry_count: int = field(default=0, metadata=check(non_negative_problem))
     #: Shell lines run before ``clusterddp run`` (install, cd into the checkout...).
-    setup: tuple[str, ...] = field(default=(), metadata=check_each(_line))
+    setup: tuple[str, ...] = field(default=(), metadata=check_each(setup_line_problem))
     #: OpenPAI ``parameters:``, usable in setup lines as ``<% $parameters.NAME %>``.
     parameters: dict[str, str] = field(default_factory=dict, metadata=check(_parameter_names))

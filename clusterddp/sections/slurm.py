@@ -12,7 +12,7 @@ import signal as signals
 from dataclasses import dataclass, field
 
 from clusterddp.specload import check, check_each
-from clusterddp.validate import MAX_VALUE_CHARS, line_problem, non_negative_problem, positive_problem, shown
+from clusterddp.validate import line_problem, non_negative_problem, positive_problem, setup_line_problem, shown
 
 #: sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch.1).
 TIME = re.compile(r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})")
@@ -58,11 +58,6 @@ def _extra(line: str) -> str | None:
     return None
 
 
-def _line(line: str) -> str | None:
-    problem = line_problem(line.replace("\t", " "), MAX_VALUE_CHARS)
-    return f"one shell line per entry: {problem}" if problem else None
-
-
 def signal_name(spec: str) -> str:
     """The signal's name without 'SIG' (``"B:USR1@90"`` -> ``"USR1"``), for the shell's trap."""
     match = SIGNAL.fullmatch(spec)
@@ -99,4 +94,4 @@ class SlurmSpec:
     signal: str | None = field(default="B:USR1@90", metadata=check(_signal))
     extra_sbatch: tuple[str, ...] = field(default=(), metadata=check_each(_extra))
     #: Shell lines run in the batch script before the launcher (module load, venv activate).
-    setup: tuple[str, ...] = field(default=(), metadata=check_each(_line))
+    setup: tuple[str, ...] = field(default=(), metadata=check_each(setup_line_problem))
