@@ -12,7 +12,7 @@ import sys
 from typing import Mapping
 
 from clusterddp import affinity
-from clusterddp.devices import cpu_count, gpu_inventory
+from clusterddp.devices import GpuInventory, cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
 from clusterddp.launch import bootstrap
 from clusterddp.launch.workers import WorkerPlan
@@ -47,7 +47,8 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         "PYTHONUNBUFFERED": "1",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # as torchrun: a dead peer raises, not hangs
     }
-    binding = cpu_binding(job, topology, base_env)
+    gpus = worker_gpus(job, topology, base_env)  # one look at the GPUs for every worker
+    binding = cpu_binding(job, topology, gpus)
     plans = []
     for local_rank in range(topology.nproc_per_node):
         rank = topology.global_rank(local_rank)
@@ -63,31 +64,36 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         env.update(job.env)
         env.update(topology.worker_env(local_rank, 0, job.restarts, error_file))
         if job.virtual_local_rank:
-            env.update(virtual_device_env(job, local_rank, base_env))
+            env.update(virtual_device_env(job, local_rank, gpus))
         plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir,
                                 log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file,
                                 cpus=cpus))
     return plans
 
 
-def cpu_binding(job: JobSpec, topology: Topology, base_env: Mapping[str, str]) -> affinity.Binding:
+def worker_gpus(job: JobSpec, topology: Topology, base_env: Mapping[str, str]) -> GpuInventory:
+    """The GPUs the workers use, with their PCI addresses; none looked up for a CPU job."""
+    if topology.backend == "nccl" or job.virtual_local_rank:
+        return gpu_inventory(base_env)
+    return GpuInventory((), "a CPU job")
+
+
+def cpu_binding(job: JobSpec, topology: Topology, gpus: GpuInventory) -> affinity.Binding:
     """Each worker's CPUs: near its GPU when the workers use GPUs (nccl), else a CPU share."""
     if job.cpu_affinity == "none":
         return affinity.Binding((None,) * topology.nproc_per_node)
     near_gpu: list[tuple[int, ...] | None] = []
     if topology.backend == "nccl":
-        gpus = gpu_inventory(base_env)
         near_gpu = [affinity.gpu_local_cpus(g.pci_address) for g in gpus.gpus[:topology.nproc_per_node]]
     return affinity.plan_binding(job.cpu_affinity, topology.nproc_per_node, affinity.read_topology(), near_gpu)
 
 
-def virtual_device_env(job: JobSpec, local_rank: int, base_env: Mapping[str, str]) -> dict[str, str]:
+def virtual_device_env(job: JobSpec, local_rank: int, gpus: GpuInventory) -> dict[str, str]:
     """torchrun's --virtual-local-rank: the worker sees only its GPU, as device 0.
 
     The GPU is the ``local_rank``-th entry of the launcher's CUDA_VISIBLE_DEVICES (an index,
     a UUID or a MIG id, passed on as written), or of nvidia-smi's list when that is unset.
     """
-    gpus = gpu_inventory(base_env, query=False)
     if local_rank >= gpus.count:
         raise LaunchError(f"{job.where('virtual_local_rank')}: local rank {local_rank} has no GPU of its own: "
                           f"this node has {gpus.count} visible GPU(s) ({gpus.source})",
@@ -162,7 +168,8 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
     ]
     lines.extend(f"note: {note}" for note in topology.notes)
     lines.append(f"cpu affinity: {job.cpu_affinity}")
-    lines.extend(f"note: {note}" for note in cpu_binding(job, topology, base_env).notes)
+    binding = cpu_binding(job, topology, worker_gpus(job, topology, base_env))
+    lines.extend(f"note: {note}" for note in binding.notes)
     lines.append("")
     lines.append(f"{'node rank':>9}  {'host':<24} global ranks")
     for node in _table_nodes(topology):
