@@ -147,6 +147,18 @@ def _ranks(raw: str) -> frozenset[int]:
     return frozenset(int(p) for p in parts)
 
 
+def _node_workers(raw: str) -> tuple[int, ...]:
+    """``--workers-per-node 2,1,1``: every node's worker count, in node-rank order."""
+    parts = raw.split(",")
+    if len(parts) > validate.MAX_NODES or not all(validate.INTEGER_TEXT.fullmatch(p) for p in parts):
+        raise _Problem(f"expected worker counts like 2,1,1, got {validate.shown(raw)}")
+    counts = tuple(int(p) for p in parts)
+    problem = next((validate.workers_problem(c) for c in counts if validate.workers_problem(c)), None)
+    if problem:
+        raise _Problem(problem)
+    return counts
+
+
 def _text(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
     return _checked(str, problem_of)
 
@@ -192,6 +204,9 @@ FLAGS: dict[str, tuple[str, Callable[[str], Any], str | None]] = {
     "run_id": ("--run-id", _text(_run_id), "CLUSTERDDP_RUN_ID"),
     "hostfile": ("--hostfile", _text(validate.path_problem), "CLUSTERDDP_HOSTFILE"),
     "restarts": ("--restarts", _checked(_integer, validate.non_negative_problem), "CLUSTERDDP_RESTARTS"),
+    "restart_count": ("--restart-count", _checked(_integer, validate.non_negative_problem),
+                      "CLUSTERDDP_RESTART_COUNT"),
+    "workers_per_node": ("--workers-per-node", _node_workers, None),
     "grace_period": ("--grace-period", _checked(_number, validate.seconds_problem), "CLUSTERDDP_GRACE_PERIOD"),
     "python": ("--python", _text(validate.path_problem), "CLUSTERDDP_PYTHON"),
     "log_dir": ("--log-dir", _text(validate.path_problem), "CLUSTERDDP_LOG_DIR"),
@@ -284,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="stop the workers when stdin closes or its heartbeat stops")
     internal.add_argument("--heartbeat-timeout", default="6.0")
     internal.add_argument("--report-json", action="store_true", help="print a CLUSTERDDP_RESULT line at the end")
+    internal.add_argument("--restart-count", metavar="K",
+                          help="this start is attempt K of a job restarted as a whole (by the SSH head or "
+                               "the batch script): no restarts of this node alone")
+    internal.add_argument("--workers-per-node", metavar="N,N,...",
+                          help="every node's workers in node-rank order; ranks are their prefix sums")
 
     env = sub.add_parser("env", help="show the detected cluster environment and the topology it gives")
     env.add_argument("job", nargs="?", help="job file (for nproc_per_node, master)")

@@ -19,7 +19,7 @@ from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.sections.ssh import SSHSpec
 from clusterddp.specload import INTERNAL, NodeReader, check, check_each, compose
-from clusterddp.validate import (env_name_problem, host_problem, module_problem, nodes_problem,
+from clusterddp.validate import (env_name_problem, host_problem, module_problem, node_range_problem,
                                  non_negative_problem, path_problem, port_problem, positive_seconds_problem,
                                  seconds_problem, shown, signal_problem, text_problem, token_problem, workers_problem)
 
@@ -73,7 +73,9 @@ class JobSpec:
     script: str | None = field(default=None, metadata=check(path_problem))
     module: str | None = field(default=None, metadata=check(module_problem))
     args: tuple[str, ...] = field(default=(), metadata=check_each(text_problem))
-    nodes: int = field(default=1, metadata=check(nodes_problem))
+    #: A count, or ``"MIN:MAX"`` (torchrun's ``--nnodes``): an elastic job starts on as many
+    #: healthy hosts as it finds, at least MIN and at most MAX, and again on every restart.
+    nodes: Union[int, str] = field(default=1, metadata=check(node_range_problem))
     nproc_per_node: NprocPerNode = field(default="auto", metadata=check(_nproc))
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     #: CPUs of each worker (clusterddp.affinity): the cores of its GPU's NUMA node, split
@@ -104,6 +106,17 @@ class JobSpec:
     key_lines: Mapping[str, int] = field(default_factory=dict, compare=False, metadata={INTERNAL: True})
     #: Keys a flag set (``{"python": "--python"}``): messages about them name the flag.
     given_by: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={INTERNAL: True})
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """``nodes`` as (MIN, MAX); equal for a fixed count."""
+        return validate.parse_node_range(self.nodes)
+
+    @property
+    def elastic(self) -> bool:
+        """``nodes: "MIN:MAX"``: the hosts (and so the node count) are chosen at each (re)start,
+        from candidates that may outnumber MAX (spares in a hostfile)."""
+        return isinstance(self.nodes, str) and ":" in self.nodes
 
     def where(self, key: str) -> str:
         """``file:line: key`` for messages about a value after loading (``key`` dotted); the

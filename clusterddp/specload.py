@@ -164,6 +164,8 @@ class NodeReader:
             try:
                 return self.convert(candidate, node, path)
             except JobSpecError as exc:
+                if candidate is int and _number_node(node):
+                    raise  # a number that is no good integer: not to be read again as text
                 errors.append(exc)
         if len(errors) == 1:  # 'X or nothing': the error about X is the precise one
             raise errors[0]
@@ -174,6 +176,13 @@ class NodeReader:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, path, f"expected {_type_name(hint)}, got {_describe(node)}")
         value = self._scalar(node, path)
+        if _sexagesimal(node, value):
+            # YAML 1.1 reads a plain 3:4 as the base-60 number 184 (and 1:30 as 90): never
+            # what a job file means. As a string it is what was written ('nodes: 3:4').
+            if hint is str:
+                return node.value
+            raise self.fail(node, path, f"{node.value} is YAML's base-60 number {value}, not {_type_name(hint)}",
+                            f"quote it if you mean the text: \"{node.value}\"")
         if hint is bool:
             if isinstance(value, bool):
                 return value
@@ -282,6 +291,19 @@ def _construct(node: yaml.ScalarNode, fail: Callable[[str], JobSpecError]) -> An
         return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
     except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
         raise fail(f"cannot read the value {shown(node.value)}: {escape_controls(str(exc).splitlines()[0])[:120]}") from None
+
+
+def _number_node(node: yaml.Node) -> bool:
+    """A plain scalar YAML reads as a number (not a base-60 one: that is text, see below)."""
+    if not isinstance(node, yaml.ScalarNode) or node.style:
+        return False
+    return node.tag.endswith((":int", ":float")) and ":" not in node.value
+
+
+def _sexagesimal(node: yaml.Node, value: Any) -> bool:
+    """A plain scalar with ':' that YAML 1.1 resolved to a number."""
+    return (isinstance(node, yaml.ScalarNode) and not node.style and ":" in node.value
+            and isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _describe(node: yaml.Node) -> str:

@@ -48,25 +48,43 @@ class Topology:
     host: str
     hosts: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    #: Workers of every node, in node-rank order, when nodes differ (hosts with different
+    #: slots); empty when every node runs ``nproc_per_node``.
+    node_workers: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
+        if self.node_workers:
+            return sum(self.node_workers)
         return self.nnodes * self.nproc_per_node
 
+    def first_rank(self, node_rank: int) -> int:
+        """The global rank of a node's local rank 0: the prefix sum of the workers of the
+        nodes before it (torch elastic's assignment), ``node_rank * nproc_per_node`` when
+        every node is equal."""
+        if self.node_workers:
+            return sum(self.node_workers[:node_rank])
+        return node_rank * self.nproc_per_node
+
+    def workers_on(self, node_rank: int) -> int:
+        return self.node_workers[node_rank] if self.node_workers else self.nproc_per_node
+
     def global_rank(self, local_rank: int) -> int:
-        """global rank = node_rank * nproc_per_node + local_rank."""
-        return self.node_rank * self.nproc_per_node + local_rank
+        """global rank = first rank of this node + local_rank (node_rank * nproc_per_node +
+        local_rank when every node runs as many workers)."""
+        return self.first_rank(self.node_rank) + local_rank
 
     def node_ranks(self, node_rank: int | None = None) -> range:
         """Global ranks of one node (this one by default)."""
         node = self.node_rank if node_rank is None else node_rank
-        return range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node)
+        first = self.first_rank(node)
+        return range(first, first + self.workers_on(node))
 
     def worker_env(self, local_rank: int, restart_count: int = 0, max_restarts: int = 0,
                    error_file: str | None = None) -> dict[str, str]:
         """The torchrun env contract for one worker (plus NODE_RANK and CLUSTERDDP_BACKEND).
 
-        Steps: rank = node_rank * nproc_per_node + local_rank; the worker group is this node,
+        Steps: rank = first rank of this node + local_rank; the worker group is this node,
         so GROUP_RANK = node_rank and GROUP_WORLD_SIZE = nnodes; there is one role
         ('default', as torchrun), so ROLE_RANK = RANK and ROLE_WORLD_SIZE = WORLD_SIZE.
         """
@@ -196,11 +214,14 @@ def check_gpu_workers(job: JobSpec, nproc: int, backend: str, gpus: GpuInventory
 
 
 def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
-            master_port: int | None = None, nnodes: int | None = None) -> Topology:
+            master_port: int | None = None, nnodes: int | None = None,
+            node_workers: tuple[int, ...] | None = None) -> Topology:
     """Combine the environment's placement with the job file into this node's Topology.
 
     Precedence for the master: the environment's answer, then the job file's ``master``;
     for the port, then (one node) a free port or (several nodes) one derived from the run id.
+    ``node_workers`` (``--workers-per-node 2,1,1``, from the SSH head) gives every node's
+    worker count, so ranks are prefix sums and this node runs its own entry.
     """
     if nnodes is not None and nnodes != placement.nnodes:
         raise EnvironmentDetectionError(
@@ -209,6 +230,7 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
     _check_placement(placement)
     gpus = gpu_inventory(env, query=False)
     nproc = resolve_nproc(job, placement, env, gpus)
+    layout = check_node_workers(node_workers, placement, nproc) if node_workers else ()
     run_id = placement.run_id or env.get("CLUSTERDDP_RUN_ID") or default_run_id(job.name, placement.nnodes)
     if token_problem(run_id, "a run id"):  # it names the log directory: never a path
         raise EnvironmentDetectionError(f"{placement.env}: run id: {token_problem(run_id, 'a run id')}")
@@ -226,7 +248,20 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
     return Topology(env=placement.env, nnodes=placement.nnodes, node_rank=placement.node_rank,
                     nproc_per_node=nproc, master_addr=addr, master_port=port, run_id=run_id,
                     backend=backend, host=socket.gethostname(), hosts=placement.hosts,
-                    notes=placement.notes)
+                    notes=placement.notes, node_workers=layout)
+
+
+def check_node_workers(node_workers: tuple[int, ...], placement: Placement, nproc: int) -> tuple[int, ...]:
+    """``--workers-per-node`` must describe this job: one count per node, this node's equal
+    to the workers it runs. Equal counts collapse to the plain formula (empty layout)."""
+    if len(node_workers) != placement.nnodes:
+        raise EnvironmentDetectionError(
+            f"--workers-per-node gives {len(node_workers)} node(s) but {placement.env} says {placement.nnodes}")
+    if node_workers[placement.node_rank] != nproc:
+        raise EnvironmentDetectionError(
+            f"--workers-per-node gives node {placement.node_rank} {node_workers[placement.node_rank]} "
+            f"worker(s) but it runs {nproc} (--nproc-per-node)")
+    return () if len(set(node_workers)) == 1 else node_workers
 
 
 def _check_placement(placement: Placement) -> None:

@@ -142,6 +142,39 @@ def nodes_problem(value: int) -> str | None:
     return None if value <= MAX_NODES else f"{value} nodes is over the bound of {MAX_NODES}"
 
 
+#: ``nodes: "MIN:MAX"`` as torchrun's ``--nnodes``: digits only, each bounded like a count.
+NODE_RANGE = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
+
+
+def parse_node_range(value: int | str) -> tuple[int, int]:
+    """``4`` -> (4, 4); ``"3:4"`` -> (3, 4). Raises ValueError naming the problem."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        problem = nodes_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value, value
+    match = NODE_RANGE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"expected an integer or 'MIN:MAX' (like torchrun's --nnodes 3:4), "
+                         f"got {type(value).__name__} {shown(value)}")
+    low, high = int(match.group(1)), int(match.group(2))
+    for count in (low, high):
+        problem = nodes_problem(count)
+        if problem:
+            raise ValueError(problem)
+    if low > high:
+        raise ValueError(f"MIN {low} is more than MAX {high} in {shown(value)}")
+    return low, high
+
+
+def node_range_problem(value: int | str) -> str | None:
+    try:
+        parse_node_range(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def signal_problem(name: str) -> str | None:
     """A signal the launcher can forward to workers: known, catchable, not a stop signal,
     and not one the launcher needs for itself."""

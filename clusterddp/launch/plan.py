@@ -148,12 +148,14 @@ def _check_log_dir(job: JobSpec, run_dir: str) -> None:
         raise LaunchError(f"{job.where('logs.dir')}: {shown(path, 200)} is not writable")
 
 
-def prepare_logs(plans: list[WorkerPlan]) -> None:
-    """Create the run's log directory and one empty log per rank (after every check passed)."""
+def prepare_logs(plans: list[WorkerPlan], keep: bool = False) -> None:
+    """Create the run's log directory and one empty log per rank (after every check passed).
+
+    ``keep``: a restart of the whole job (same run id) appends to the earlier attempts' logs."""
     for plan in plans:
         try:
             os.makedirs(os.path.dirname(plan.log), exist_ok=True)
-            open(plan.log, "wb").close()
+            open(plan.log, "ab" if keep else "wb").close()
         except OSError as exc:
             raise LaunchError(f"logs.dir: cannot create {shown(plan.log, 200)}: {exc.strerror}") from None
 
@@ -161,7 +163,7 @@ def prepare_logs(plans: list[WorkerPlan]) -> None:
 def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base_env: Mapping[str, str]) -> str:
     """The topology table and, per worker, argv and the env that differs from the launcher's."""
     lines = [
-        f"job {job.name}: {topology.nnodes} node(s) x {topology.nproc_per_node} worker(s) = "
+        f"job {job.name}: {topology.nnodes} node(s) x {_workers_text(topology)} = "
         f"world size {topology.world_size}, backend {topology.backend}",
         f"environment: {topology.env}; master {topology.master_addr}:{topology.master_port}; "
         f"run id {topology.run_id}",
@@ -191,6 +193,14 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
             if base_env.get(key) != plan.env[key]:
                 lines.append(f"  {key}={plan.env[key]}")
     return "\n".join(lines)
+
+
+def _workers_text(topology: Topology) -> str:
+    if topology.node_workers and len(topology.node_workers) <= 16:
+        return "(" + "+".join(str(n) for n in topology.node_workers) + ") worker(s)"
+    if topology.node_workers:
+        return f"{min(topology.node_workers)}-{max(topology.node_workers)} worker(s)"
+    return f"{topology.nproc_per_node} worker(s)"
 
 
 def _table_nodes(topology: Topology, shown_nodes: int = 16) -> list[int]:

@@ -41,6 +41,12 @@ class RunOptions:
     watch_stdin: bool = False
     heartbeat_timeout: float = 6.0
     report_json: bool = False
+    #: Set where something outside this node restarts the whole job (the SSH head, the batch
+    #: script): this start is that attempt (TORCHELASTIC_RESTART_COUNT), and the node never
+    #: restarts its group alone (its peers would not come back with it).
+    restart_count: int | None = None
+    #: Every node's worker count (hosts with different slots): ranks are their prefix sums.
+    workers_per_node: tuple[int, ...] | None = None
 
     def overrides(self, job: JobSpec | None = None) -> Overrides:
         """The placement flags, for the cluster environments."""

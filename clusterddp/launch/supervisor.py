@@ -37,6 +37,9 @@ class SupervisorOptions:
     job_name: str
     grace_period: float = 5.0
     restarts: int = 0
+    #: TORCHELASTIC_RESTART_COUNT of the first start: the attempt of a job restarted as a
+    #: whole by the SSH head or the batch script (``--restart-count``).
+    first_attempt: int = 0
     forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     console_ranks: frozenset[int] | None = None
     prefix: bool = True
@@ -136,7 +139,7 @@ class LocalSupervisor:
             for plan in self.plans:
                 if self._stop_reason is not None:
                     break
-                self.group.start(plan, attempt)
+                self.group.start(plan, self.options.first_attempt + attempt)
             root = self._supervise()
         finally:
             self.group.teardown(patient=self.group.preempted())

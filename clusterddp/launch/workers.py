@@ -136,6 +136,8 @@ class WorkerGroup:
             os.unlink(plan.error_file)
         except FileNotFoundError:
             pass
+        if attempt > 0:
+            _mark_attempt(plan.log, attempt)
         output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
         proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
         self._reaper.watch(proc.pid)
@@ -269,3 +271,14 @@ def _wait_workers(workers: list[Worker], deadline: float) -> None:
             worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+
+
+def _mark_attempt(log: str, attempt: int) -> None:
+    """One line between attempts in a rank's log (a restart appends to the same file), so the
+    log reads as attempts, each from its start; a log that cannot be written is no failure."""
+    line = f"--- clusterddp: restart {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+    try:
+        with open(log, "ab") as handle:
+            handle.write(line.encode())
+    except OSError:
+        pass

@@ -21,7 +21,7 @@ MALFORMED = [
     ("unknown_slurm_key", "slurm:\n  partitoin: gpu\n", "slurm.partitoin: unknown key (hint: did you mean 'partition'?)", 3),
     ("unknown_openpai_key", "openpai:\n  imag: x\n", "openpai.imag: unknown key (hint: did you mean 'image'?)", 3),
     ("unknown_logs_key", "logs:\n  dirr: x\n", "logs.dirr: unknown key (hint: did you mean 'dir'?)", 3),
-    ("nodes_string", "nodes: two\n", "nodes: expected an integer, got str 'two'", 2),
+    ("nodes_string", "nodes: two\n", "nodes: expected an integer or 'MIN:MAX' (like torchrun's --nnodes 3:4), got str 'two'", 2),
     ("nodes_zero", "nodes: 0\n", "nodes: must be > 0, got 0", 2),
     ("nodes_float", "nodes: 1.5\n", "nodes: expected an integer", 2),
     ("nproc_word", "nproc_per_node: many\n", "nproc_per_node: expected an integer or one of", 2),

@@ -78,7 +78,7 @@ EXPLICIT = [
     ("tag-on-env-value", "env: {A: !x y}\n", "env.A", "is not allowed"),
     ("tag-on-key", "!foo nodes: 2\n", "", "is not allowed"),
     ("merge-key", "master: {<<: {port: 1}}\n", "master", "merge key"),
-    ("nproc-1e26", "nproc_per_node: 100000000000000000000000000\n", "nproc_per_node", "expected an integer"),
+    ("nproc-1e26", "nproc_per_node: 100000000000000000000000000\n", "nproc_per_node", "integer out of range"),
     ("nproc-100k", "nproc_per_node: 100000\n", "nproc_per_node", "CLUSTERDDP_MAX_WORKERS_PER_NODE"),
     ("nproc-257", "nproc_per_node: 257\n", "nproc_per_node", "over the bound of 256"),
     ("nproc-zero", "nproc_per_node: 0\n", "nproc_per_node", "must be >= 1"),
