@@ -32,7 +32,12 @@ class RestartPolicy:
         restart cannot fix."""
         if root is None or stopping or restarts_done >= self.restarts or root.exit_code in NOT_RESTARTED:
             return None
-        return min(float(2 ** restarts_done), MAX_BACKOFF)
+        return backoff_seconds(restarts_done)
+
+
+def backoff_seconds(restarts_done: int) -> float:
+    """1 s, 2 s, 4 s ... at most MAX_BACKOFF: the pause before restart ``restarts_done + 1``."""
+    return min(float(2 ** min(restarts_done, 16)), MAX_BACKOFF)
 
 
 def exit_code(root: WorkerExit | None, exits: Sequence[WorkerExit], hang: bool, stop_signal: int | None) -> int:

@@ -181,13 +181,19 @@ def check_host(session: HostSession, head: HeadFacts, torch_versions: set[str | 
 
 def check_all(sessions: Sequence[HostSession], head: HeadFacts) -> None:
     """Check every host; raise one PreflightError listing every host's problems."""
+    raise_problems(sessions, check_hosts(sessions, head))
+
+
+def check_hosts(sessions: Sequence[HostSession], head: HeadFacts) -> list[str]:
+    """Check every host, each host's problems into its session; return the problems of the
+    hosts together (they cannot be solved by leaving one host out)."""
     torch_versions: set[str | None] = set()
     for session in sessions:
         check_host(session, head, torch_versions)
     cluster = []
     if head.torch is None and len(torch_versions - {None}) > 1:
         cluster.append("hosts have different torch versions: " + ", ".join(sorted(v for v in torch_versions if v)))
-    raise_problems(sessions, cluster)
+    return cluster
 
 
 def raise_problems(sessions: Sequence[HostSession], cluster: Sequence[str] = ()) -> None:

@@ -52,6 +52,8 @@ class Outcome:
     stop_reason: str | None
     launchers: list[RemoteLauncher]
     seconds: float
+    #: When the head began stopping the hosts (monotonic), if it had to.
+    stop_began: float | None = None
 
 
 class Relay:
@@ -65,6 +67,7 @@ class Relay:
         self.heartbeat_interval = heartbeat_interval
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None
+        self.stop_began: float | None = None
         self.teardown = Teardown(settings, grace_period, self.console)
         #: Where the merged stacks reports go (the run's log dir on the head).
         self.log_dir = log_dir
@@ -79,6 +82,7 @@ class Relay:
         if self.stop_reason is None:
             self.stop_reason = reason
             self.stop_signal = signum
+            self.stop_began = time.monotonic()
 
     def request_stacks(self) -> None:
         """Ask every host for its ranks' stacks (safe from a signal handler: the loop acts)."""
@@ -114,7 +118,7 @@ class Relay:
             io.flush_partials(self.launchers, self._line)
         code, root = job_result(self.launchers, self.hang_host, self.stop_signal, time.time())
         return Outcome(exit_code=code, root=root, stop_reason=self.stop_reason, launchers=self.launchers,
-                       seconds=time.monotonic() - start)
+                       seconds=time.monotonic() - start, stop_began=self.stop_began)
 
     # -- lines and host state --------------------------------------------------------------
 

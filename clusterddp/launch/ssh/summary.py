@@ -44,9 +44,16 @@ def _what(launcher: RemoteLauncher) -> str:
     if cause:
         outcome = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
         return f"rank {cause.get('rank')} {outcome}"
+    return launcher_end(launcher)
+
+
+def launcher_end(launcher: RemoteLauncher) -> str:
+    """How a host's launcher ended, when no rank is to blame."""
     reason = (launcher.result or {}).get("reason")
     if launcher.exit_code is None:
         return reason or "still stopping"
+    if launcher.result is None and launcher.exit_status == -1:
+        return "the launcher died without an exit status (killed by a signal?), its host still answering"
     return f"launcher exit code {launcher.exit_code}" + (f" ({reason})" if reason else "")
 
 
