@@ -28,6 +28,9 @@ INTERNAL = "internal"
 #: Field metadata key: a check applied to each item of a list (or value of a mapping), so the
 #: error names ``args[3]`` and that item's line.
 EACH = "each"
+#: Class attribute of a section dataclass: ``{old key: hint}`` for keys that moved, so a job
+#: file written for an earlier version is told where the setting went, not only that it is unknown.
+MOVED_KEYS = "MOVED_KEYS"
 #: The only tags a job file may carry (the ones plain YAML resolves by itself). ``!foo`` or
 #: ``!!python/name:os.system`` is refused by name, never handed to a constructor.
 PLAIN_TAGS = frozenset("tag:yaml.org,2002:" + t for t in
@@ -80,8 +83,9 @@ class NodeReader:
             seen[name] = key_node
             self.lines[path] = key_node.start_mark.line + 1
             if name not in fields:
+                moved = getattr(cls, MOVED_KEYS, {}).get(name)
                 close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
-                hint = f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(fields))
+                hint = moved or (f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(fields)))
                 raise self.fail(key_node, path, "unknown key", hint)
             value = self.convert(hints[name], value_node, path)
             self._apply_checks(fields[name].metadata, value, value_node, path)

@@ -51,6 +51,9 @@ class Topology:
     #: Workers of every node, in node-rank order, when nodes differ (hosts with different
     #: slots); empty when every node runs ``nproc_per_node``.
     node_workers: tuple[int, ...] = ()
+    #: The attempt of a job restarted as a whole from outside (``--restart-count``, or the
+    #: scheduler's retry number, see ``Placement.restart_count``); None: local restarts apply.
+    restart_count: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -215,13 +218,14 @@ def check_gpu_workers(job: JobSpec, nproc: int, backend: str, gpus: GpuInventory
 
 def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
             master_port: int | None = None, nnodes: int | None = None,
-            node_workers: tuple[int, ...] | None = None) -> Topology:
+            node_workers: tuple[int, ...] | None = None, restart_count: int | None = None) -> Topology:
     """Combine the environment's placement with the job file into this node's Topology.
 
     Precedence for the master: the environment's answer, then the job file's ``master``;
     for the port, then (one node) a free port or (several nodes) one derived from the run id.
     ``node_workers`` (``--workers-per-node 2,1,1``, from the SSH head) gives every node's
     worker count, so ranks are prefix sums and this node runs its own entry.
+    ``restart_count`` (``--restart-count``) wins over the scheduler's retry number.
     """
     if nnodes is not None and nnodes != placement.nnodes:
         raise EnvironmentDetectionError(
@@ -248,7 +252,8 @@ def resolve(job: JobSpec, placement: Placement, env: Mapping[str, str],
     return Topology(env=placement.env, nnodes=placement.nnodes, node_rank=placement.node_rank,
                     nproc_per_node=nproc, master_addr=addr, master_port=port, run_id=run_id,
                     backend=backend, host=socket.gethostname(), hosts=placement.hosts,
-                    notes=placement.notes, node_workers=layout)
+                    notes=placement.notes, node_workers=layout,
+                    restart_count=placement.restart_count if restart_count is None else restart_count)
 
 
 def check_node_workers(node_workers: tuple[int, ...], placement: Placement, nproc: int) -> tuple[int, ...]:

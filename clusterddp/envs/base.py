@@ -61,6 +61,10 @@ class Placement:
     run_id: str | None = None
     #: Things the user should know (e.g. "per-task mode detected"), shown by ``env`` and ``run``.
     notes: tuple[str, ...] = ()
+    #: Set where the scheduler itself restarts the whole job (OpenPAI's job retry): this
+    #: start is attempt K (TORCHELASTIC_RESTART_COUNT=K), and the node never restarts its
+    #: workers alone, as with ``--restart-count K``. None: the node's own ``restarts`` apply.
+    restart_count: int | None = None
 
 
 class ClusterEnv(ABC):

@@ -9,6 +9,12 @@ and ``PAI_RESOURCE_`` keep the original spelling: a role ``ps_server`` has
 
 The IP and port variables exist only where the runtime sourced its ``runtime_env.sh``, i.e. in
 the job's ``commands`` shell; without gang allocation the other tasks' IPs may be missing.
+
+OpenPAI retries a job as a whole (``jobRetryCount``: FrameworkController deletes every pod of
+the attempt and creates them all again, on nodes and ports chosen anew), and counts the
+attempts in ``FC_FRAMEWORK_ATTEMPT_ID`` (0, 1, ...). So under OpenPAI a start is attempt
+``FC_FRAMEWORK_ATTEMPT_ID`` (TORCHELASTIC_RESTART_COUNT) and the node never restarts its
+workers alone: ``restarts`` is OpenPAI's retry count (docs/openpai.md, "Fault tolerance").
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ HOST_IP = "PAI_HOST_IP_{r}_{index}"
 PORT_VARS = ("PAI_{r}_{index}_{label}_PORT", "PAI_PORT_LIST_{r}_{index}_{label}")
 #: ``<user>~<job>``; both hold it (PAI_JOB_NAME is not just the YAML's ``name:``).
 RUN_ID = ("PAI_FRAMEWORK_NAME", "PAI_JOB_NAME")
-#: FrameworkController's attempt counter: a job retry gets fresh log directories.
+#: FrameworkController's attempt counter (its ``RetryPolicyStatus.TotalRetriedCount``: 0 on
+#: the first start, +1 on every retry of the whole job): TORCHELASTIC_RESTART_COUNT, and a
+#: job retry gets fresh log directories.
 ATTEMPT = "FC_FRAMEWORK_ATTEMPT_ID"
 #: Names the rendezvous port label when a task role has several and none is the job's.
 PORT_LABEL_OVERRIDE = "CLUSTERDDP_OPENPAI_PORT_LABEL"
@@ -80,7 +88,10 @@ class OpenPAIEnv(ClusterEnv):
         hosts = self._hosts(role, nnodes)
         master = hosts[0] if hosts else self._master_addr(role, nnodes)
         port = self._port(role, spec.port_label)
-        notes = [f"master is task 0 of task role {role!r}", *counted]
+        attempt = self.first_int_var(ATTEMPT, high=MAX_COUNT) or 0
+        notes = [f"master is task 0 of task role {role!r}", *counted,
+                 f"job attempt {attempt} ({ATTEMPT}): OpenPAI retries the whole job (jobRetryCount), "
+                 "so this node never restarts its workers alone"]
         if port is not None:
             notes.append(f"master port from {port.variable} (label {port.label!r})")
         else:
@@ -88,7 +99,7 @@ class OpenPAIEnv(ClusterEnv):
                          "is derived from the run id; add resourcePerInstance.ports to be safe")
         return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank, master_addr=master,
                          master_port=port.value if port else None, nproc_per_node=self._nproc(role),
-                         hosts=hosts, run_id=self._run_id(), notes=tuple(notes))
+                         hosts=hosts, run_id=self._run_id(), notes=tuple(notes), restart_count=attempt)
 
     def _job(self) -> JobSpec | None:
         # ``clusterddp run JOB`` passes the job along with the CLI overrides; there is none for
@@ -100,23 +111,26 @@ class OpenPAIEnv(ClusterEnv):
         return job.openpai if job is not None else _DEFAULTS
 
     def _nnodes(self, role: str) -> tuple[int, tuple[str, ...]]:
-        """Instances of the role: the runtime's count, else the job file's ``nodes``, else the
-        number of task IPs the runtime exported (with a note saying so)."""
+        """Instances of the role: the runtime's count, else the job file's ``nodes`` (a fixed
+        count: a role runs a fixed number of instances), else the number of task IPs the
+        runtime exported (with a note saying so)."""
         variable = TASK_COUNT.format(role=role)
         if self.raw_var(variable) is not None:
             return self.int_var(variable, low=1, high=MAX_NODES), ()
         job = self._job()
-        if job is not None:
-            return job.nodes, ()
+        low, high = job.node_range if job is not None else (0, -1)
+        if low == high:
+            return low, ()
+        why = "there is no job file" if job is None else f"the job's nodes {job.nodes!r} is a range"
         count = self._count_host_ips(role)
         if count == 0:
             raise EnvironmentDetectionError(
-                f"openpai: {variable} is not set, there is no job file to take 'nodes' from, and no "
+                f"openpai: {variable} is not set, {why}, and no "
                 f"{HOST_IP.format(r=convert_name(role), index=0)} to count the tasks by",
-                "run 'clusterddp run JOB' with a job file, or export the variable")
+                "run 'clusterddp run JOB' with a job file whose nodes is a count, or export the variable")
         first, last = (HOST_IP.format(r=convert_name(role), index=i) for i in (0, count - 1))
         return count, (f"{count} node(s) counted from the task IPs {first}..{last}: {variable} is not "
-                       "set and there is no job file; without gang allocation some IPs may be missing",)
+                       f"set and {why}; without gang allocation some IPs may be missing",)
 
     def _count_host_ips(self, role: str) -> int:
         """How many task IPs ``PAI_HOST_IP_<r>_0..N-1`` are set, contiguous from 0; a gap (an IP

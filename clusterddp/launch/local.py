@@ -18,7 +18,8 @@ from clusterddp.topology import Topology, check_port_free, resolve
 
 
 def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
-                 node_workers: tuple[int, ...] | None = None) -> tuple[Topology, list[str] | None]:
+                 node_workers: tuple[int, ...] | None = None,
+                 restart_count: int | None = None) -> tuple[Topology, list[str] | None]:
     """This node's topology, and the command to exec instead when the environment asks
     (SLURM's batch script re-launches itself with srun on every node)."""
     environment = detect(env, overrides)
@@ -27,17 +28,19 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
     relaunch = environment.relaunch([sys.executable, "-m", "clusterddp", *sys.argv[1:]])
     placement = environment.placement()
     topology = resolve(job, placement, env, master_port=overrides.master_port, nnodes=overrides.nnodes,
-                       node_workers=node_workers)
+                       node_workers=node_workers, restart_count=restart_count)
     return topology, relaunch
 
 
-def supervisor_options(job: JobSpec, options: RunOptions, run_dir: str | None = None) -> SupervisorOptions:
+def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
+                       run_dir: str | None = None) -> SupervisorOptions:
     return SupervisorOptions(
         job_name=job.name,
         grace_period=job.grace_period,
-        # Restarted as a whole from outside: this node alone never restarts.
-        restarts=job.restarts if options.restart_count is None else 0,
-        first_attempt=options.restart_count or 0,
+        # Restarted as a whole from outside (--restart-count, OpenPAI's job retry): this
+        # node alone never restarts, its peers would not come back with it.
+        restarts=job.restarts if topology.restart_count is None else 0,
+        first_attempt=topology.restart_count or 0,
         forward_signals=tuple(getattr(signal, name) for name in job.forward_signals),
         console_ranks=frozenset(job.logs.ranks) if job.logs.ranks is not None else None,
         prefix=job.logs.prefix,
@@ -57,7 +60,7 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     """
     passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env)
     overrides = options.overrides(job)
-    topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node)
+    topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node, options.restart_count)
     cwd = os.getcwd()
     plans = planning.worker_plans(job, topology, env, cwd)
     if options.dry_run:
@@ -71,10 +74,10 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     planning.check_runnable(job, plans)
     if topology.node_rank == 0 and (overrides.master_port or job.master.port) and _is_local(topology.master_addr):
         check_port_free("", topology.master_port)
-    planning.prepare_logs(plans, keep=bool(options.restart_count))
+    planning.prepare_logs(plans, keep=bool(topology.restart_count))
     for note in topology.notes:
         say(f"clusterddp: note: {note}")  # a closed console must not stop the job
-    supervision = supervisor_options(job, options, planning.run_dir(job, topology, cwd))
+    supervision = supervisor_options(job, topology, options, planning.run_dir(job, topology, cwd))
     return LocalSupervisor(topology, plans, supervision).run()
 
 

@@ -62,7 +62,7 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         if cpus is not None and "OMP_NUM_THREADS" not in base_env:
             env["OMP_NUM_THREADS"] = str(len(cpus))  # one thread per CPU of its own
         env.update(job.env)
-        env.update(topology.worker_env(local_rank, 0, job.restarts, error_file))
+        env.update(topology.worker_env(local_rank, topology.restart_count or 0, job.restarts, error_file))
         if job.virtual_local_rank:
             env.update(virtual_device_env(job, local_rank, gpus))
         plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir,

@@ -2,8 +2,15 @@
 
 Every value goes through ``yaml_scalar`` so what OpenPAI parses is exactly what the job file
 said (a command with ``: `` or a ``#`` stays one string, a name like ``yes`` stays a string).
-The result passes the REST server's JSON schema and its prerequisite checks; values that
-would fail there fail here, naming the job-file key.
+The result passes the REST server's JSON schema and its prerequisite checks, and the
+FrameworkController object the server makes of it; values that would fail there fail here,
+naming the job-file key (and its line).
+
+Retries (docs/openpai.md, "Fault tolerance"): ``restarts: N`` is ``jobRetryCount: N``, a retry
+of the whole job (every task, new pods, new ports); ``taskRetryCount`` is always 0, since the
+REST server ignores it under gang allocation (k8s.js generateTaskRole) and a task retried alone
+could not rejoin the others. ``nodes: "MIN:MAX"`` with MIN < MAX is refused: a task role runs
+exactly ``instances`` tasks, gang-allocated, on every attempt.
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ from clusterddp.schedulers import quoting as q
 from clusterddp.sections.openpai import IDENTIFIER_PATTERN, JOB_NAME_PATTERN
 from clusterddp.spec import JobSpec
 from clusterddp.templates import load_template
-from clusterddp.validate import one_line_problem, shown, text_problem
+from clusterddp.validate import one_line_problem, parse_node_range, shown, text_problem
 
 TEMPLATE = "openpai.yaml"
 #: Strings that may stay unquoted: no YAML indicator, no ': ', no '#', no ',' (flow maps).
 _PLAIN = re.compile(r"[A-Za-z_/](?:[A-Za-z0-9_ ./=+@-]*[A-Za-z0-9_./=+@-])?")
 #: Characters a double-quoted YAML scalar must escape beyond '"' and '\'.
 _LINE_BREAKS = {"\u0085", "\u2028", "\u2029", "\ufeff"}
+#: FrameworkController's bounds on the Framework the REST server creates from the spec:
+#: ``RetryPolicySpec.MaxRetryCount`` is an int32 (types.go), ``taskNumber`` at most 10000 (crd.go).
+MAX_RETRY_COUNT = (1 << 31) - 1
+MAX_INSTANCES = 10000
 
 
 def render_openpai(job: JobSpec, job_path: str, name: str | None = None) -> str:
@@ -61,12 +72,11 @@ def render_openpai(job: JobSpec, job_path: str, name: str | None = None) -> str:
         "version": __version__,
         "job_file": job_word,
         "name": yaml_scalar(job_name),
-        "job_retry_count": q.integer(spec.job_retry_count, where, "openpai.job_retry_count"),
+        "job_retry_count": _job_retry_count(job, where),
         "image": _scalar(spec.image, where, "openpai.image"),
         "parameters": _parameters(spec.parameters, where),
         "task_role": yaml_scalar(spec.task_role),  # "False", "null", "yes" are identifiers too
-        "instances": q.integer(job.nodes, where, "nodes", minimum=1),
-        "task_retry_count": q.integer(spec.task_retry_count, where, "openpai.task_retry_count"),
+        "instances": _instances(job, where),
         "cpu": q.integer(spec.cpu, where, "openpai.cpu", minimum=1),
         "memory_mb": q.integer(spec.memory_mb, where, "openpai.memory_mb", minimum=1),
         "gpu": q.integer(spec.gpu, where, "openpai.gpu"),
@@ -80,6 +90,39 @@ def render_openpai(job: JobSpec, job_path: str, name: str | None = None) -> str:
     except (KeyError, ValueError) as exc:
         raise JobSpecError(where, None, "openpai",
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
+
+
+def _job_retry_count(job: JobSpec, where: str) -> str:
+    """``restarts`` as ``jobRetryCount``: an integer 0..MAX_RETRY_COUNT (an int32 in the Framework)."""
+    line = job.key_lines.get("restarts")
+    value = job.restarts
+    if type(value) is not int or not 0 <= value <= MAX_RETRY_COUNT:
+        raise JobSpecError(where, line, "restarts", f"must be an integer from 0 to {MAX_RETRY_COUNT}, got "
+                           f"{shown(value)}", "it is OpenPAI's jobRetryCount: retries of the whole job")
+    return str(value)
+
+
+def _instances(job: JobSpec, where: str) -> str:
+    """``nodes`` as the task role's ``instances``: a fixed count, at most MAX_INSTANCES.
+
+    ``"MIN:MAX"`` with MIN < MAX cannot be rendered: OpenPAI starts exactly ``instances`` tasks
+    per role, all gang-allocated before any runs, and a retry asks for the same count again
+    (``completion.minSucceededInstances`` only says when a job has succeeded). ``"N:N"`` is N.
+    """
+    line = job.key_lines.get("nodes")
+    try:
+        low, high = parse_node_range(job.nodes)
+    except ValueError as exc:
+        raise JobSpecError(where, line, "nodes", str(exc)) from None
+    if low != high:
+        raise JobSpecError(where, line, "nodes", f"{shown(job.nodes)}: OpenPAI runs a fixed number of instances "
+                           "per task role, all started together, on every retry too",
+                           f"write nodes: {high} (and restarts: N to retry the whole job), or run the "
+                           "elastic job over SSH with a hostfile")
+    if high > MAX_INSTANCES:
+        raise JobSpecError(where, line, "nodes", f"{high} instances: OpenPAI's FrameworkController takes at "
+                           f"most {MAX_INSTANCES} per task role")
+    return str(high)
 
 
 def _job_word(job_path: str, where: str) -> str:

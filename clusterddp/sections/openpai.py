@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from clusterddp.specload import check, check_each
 from clusterddp.validate import non_negative_problem, positive_problem, setup_line_problem, shown
@@ -60,8 +61,15 @@ class OpenPAISpec:
     """Task role, image and resources of the OpenPAI job; never holds secrets.
 
     The token used to submit comes from the environment or a token file, never from here:
-    job files are committed and shared.
+    job files are committed and shared. Retries are the job's ``restarts`` (jobRetryCount);
+    a task role's taskRetryCount is always 0 (docs/openpai.md, "Fault tolerance").
     """
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "job_retry_count": "write the job's top-level 'restarts: N': it renders as jobRetryCount",
+        "task_retry_count": "removed: OpenPAI ignores taskRetryCount under gang allocation, and a task "
+                            "retried alone could not rejoin the job; use the top-level 'restarts'",
+    }
 
     #: Docker image every instance runs; required to render, not to run locally.
     image: str | None = field(default=None, metadata=check(_image))
@@ -77,8 +85,6 @@ class OpenPAISpec:
     gpu: int = field(default=0, metadata=check(non_negative_problem))
     #: /dev/shm size; 512 is OpenPAI's own default, DataLoader workers often need more.
     shm_mb: int = field(default=512, metadata=check(positive_problem))
-    task_retry_count: int = field(default=0, metadata=check(non_negative_problem))
-    job_retry_count: int = field(default=0, metadata=check(non_negative_problem))
     #: Shell lines run before ``clusterddp run`` (install, cd into the checkout...).
     setup: tuple[str, ...] = field(default=(), metadata=check_each(setup_line_problem))
     #: OpenPAI ``parameters:``, usable in setup lines as ``<% $parameters.NAME %>``.

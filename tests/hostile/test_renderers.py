@@ -237,11 +237,12 @@ OPENPAI_FIELDS: dict[str, Callable[[str], tuple[JobSpec, str, str | None]]] = {
     "job path": lambda v: (pai_job(), v, None),
     **{f"openpai.{f}": (lambda f: lambda v: (pai_job(**{f: v}), JOB_PATH, None))(f)
        for f in ("image", "name", "virtual_cluster", "task_role", "port_label", "cpu", "memory_mb", "gpu",
-                 "shm_mb", "task_retry_count", "job_retry_count")},
+                 "shm_mb")},
     "openpai.parameters key": lambda v: (pai_job(parameters={v: "1"}), JOB_PATH, None),
     "openpai.parameters value": lambda v: (pai_job(parameters={"p": v}), JOB_PATH, None),
     "openpai.setup": lambda v: (pai_job(setup=(v,)), JOB_PATH, None),
     "nodes": lambda v: (base_job(nodes=v, openpai=OpenPAISpec(image="img:1")), JOB_PATH, None),
+    "restarts": lambda v: (base_job(restarts=v, openpai=OpenPAISpec(image="img:1")), JOB_PATH, None),
 }
 
 
@@ -271,6 +272,19 @@ def test_openpai_for_every_hostile_value(field: str, stubs: Path, tmp_path: Path
         assert result.returncode == 0, (field, value, result.stderr)
         assert not (work / CANARY).exists(), (field, value)
         assert recorded(work, "clusterddp")[0] == ["run", job_path]
+
+
+@pytest.mark.parametrize("value", [
+    -1, -2, 1 << 31, 1 << 63, 10 ** 100, float("nan"), float("inf"), 1.0, "1", "", "0x10", True, None,
+])
+def test_openpai_restarts_out_of_range_or_not_an_integer(value: object) -> None:
+    """restarts becomes jobRetryCount, an int32 >= 0 in FrameworkController: a negative (-2 is its
+    'retry forever'), huge, fractional, string or bool value is refused in one line naming it."""
+    job = base_job(restarts=value, openpai=OpenPAISpec(image="img:1"))
+    with pytest.raises(JobSpecError) as info:
+        render_openpai(job, JOB_PATH)
+    assert_one_line_refusal(info.value)
+    assert str(info.value).startswith(f"{JOB_PATH}: restarts: must be an integer from 0 to 2147483647")
 
 
 # --- properties ----------------------------------------------------------------------------

@@ -7,6 +7,13 @@
    names unique per type, deployment names unique, each task role's ``dockerImage`` /
    ``data`` / ``script`` / ``output`` naming a prerequisite of that type, and
    ``defaults.deployment`` naming a deployment.
+3. The FrameworkController ``Framework`` the server makes of the spec (k8s.js
+   generateFrameworkDescription / generateTaskRole): ``jobRetryCount`` becomes
+   ``spec.retryPolicy.maxRetryCount``, ``instances`` each role's ``taskNumber``, and
+   ``taskRetryCount`` the task's ``maxRetryCount`` (only with ``extras.gangAllocation: false``;
+   0 otherwise). microsoft/frameworkcontroller pkg/apis/frameworkcontroller/v1 (d6e70787):
+   crd.go bounds ``taskNumber`` to 0..10000 and ``maxRetryCount`` to >= -2, and types.go holds
+   ``MaxRetryCount`` in an int32, so a larger count is a Framework that never runs.
 """
 
 from __future__ import annotations
@@ -54,8 +61,31 @@ def middleware_errors(job: dict[str, Any]) -> list[str]:
     return errors
 
 
+#: FrameworkController's bounds (crd.go: taskNumber maximum; types.go: int32 retry counts).
+MAX_TASK_NUMBER = 10000
+MAX_INT32 = (1 << 31) - 1
+
+
+def framework_errors(job: dict[str, Any]) -> list[str]:
+    """What the Framework made of a schema-valid job could not hold (see 3. above)."""
+    errors = []
+    retries = job.get("jobRetryCount", 0)
+    if retries > MAX_INT32:
+        errors.append(f"jobRetryCount {retries} does not fit the Framework's int32 maxRetryCount")
+    gang = (job.get("extras") or {}).get("gangAllocation") is not False
+    for name, role in job["taskRoles"].items():
+        if role.get("instances", 1) > MAX_TASK_NUMBER:
+            errors.append(f"taskRoles.{name}.instances {role['instances']} is over the Framework's "
+                          f"taskNumber maximum {MAX_TASK_NUMBER}")
+        task_retries = 0 if gang else role.get("taskRetryCount", 0)
+        if not -2 <= task_retries <= MAX_INT32:
+            errors.append(f"taskRoles.{name}.taskRetryCount {task_retries} is outside the Framework's "
+                          f"maxRetryCount range -2..{MAX_INT32}")
+    return errors
+
+
 def server_errors(text: str) -> list[str]:
-    """Everything the REST server would reject in this YAML text (empty: it would accept it)."""
+    """Everything OpenPAI would reject in this YAML text (empty: it would accept and run it)."""
     job = yaml.safe_load(text)
     errors = schema_errors(job)
-    return errors or middleware_errors(job)
+    return errors or middleware_errors(job) or framework_errors(job)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from pai_runtime import SEED_VARIABLES, TaskRole, convert_name, port_list, pod_uid, runtime_env
@@ -242,3 +243,92 @@ def test_detection_order_places_openpai_after_torchrun_and_before_slurm() -> Non
     assert detect(env).name == "openpai"
     assert detect({**env, "SLURM_JOB_ID": "7", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1"}).name == "openpai"
     assert detect({**env, "MASTER_ADDR": "10.0.0.9", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}).name == "torchrun"
+
+
+# --- job retries: OpenPAI restarts the whole job; FC_FRAMEWORK_ATTEMPT_ID counts the attempts ---
+
+def test_framework_attempt_is_the_restart_count_with_a_note() -> None:
+    """FC_FRAMEWORK_ATTEMPT_ID (0 first, +1 per whole-job retry) is this start's restart count."""
+    role = TaskRole("worker", 2, IPS[:2])
+    for attempt in (0, 2):
+        got = placement(env_for(role, 1, attempt=attempt))
+        assert got.restart_count == attempt
+        assert f"job attempt {attempt} (FC_FRAMEWORK_ATTEMPT_ID): OpenPAI retries the whole job" in " ".join(got.notes)
+    env = env_for(role, 0)
+    del env["FC_FRAMEWORK_ATTEMPT_ID"]
+    assert placement(env).restart_count == 0  # hand-made environment: still OpenPAI's restarts, attempt 0
+    with pytest.raises(EnvironmentDetectionError, match="openpai: FC_FRAMEWORK_ATTEMPT_ID: "):
+        placement({**env, "FC_FRAMEWORK_ATTEMPT_ID": "-1"})
+
+
+def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Path) -> None:
+    """Under OpenPAI attempt 2 every planned worker has TORCHELASTIC_RESTART_COUNT=2 and the
+    supervisor restarts nothing (restarts: 3 is OpenPAI's); --restart-count still wins."""
+    from clusterddp.launch import plan as planning
+    from clusterddp.launch.local import resolve_here, supervisor_options
+    from clusterddp.launch.run import RunOptions
+
+    job = JobSpec(name="j", script="t.py", nodes=2, nproc_per_node=2, backend="gloo", restarts=3,
+                  cpu_affinity="none")
+    env = env_for(TaskRole("worker", 2, IPS[:2]), 1, attempt=2)
+    topology, _ = resolve_here(job, Overrides(job=job), env)
+    assert topology.restart_count == 2
+    plans = planning.worker_plans(job, topology, env, str(tmp_path))
+    assert [(p.env["RANK"], p.env["TORCHELASTIC_RESTART_COUNT"], p.env["TORCHELASTIC_MAX_RESTARTS"])
+            for p in plans] == [("2", "2", "3"), ("3", "2", "3")]
+    supervision = supervisor_options(job, topology, RunOptions())
+    assert (supervision.restarts, supervision.first_attempt) == (0, 2)
+    flagged, _ = resolve_here(job, Overrides(job=job), env, restart_count=5)
+    assert supervisor_options(job, flagged, RunOptions()).first_attempt == 5
+
+
+def test_outside_openpai_the_nodes_own_restarts_still_apply() -> None:
+    """Placed by hand (no scheduler restarting the job), restarts: 3 restarts the local group."""
+    from clusterddp.launch.local import resolve_here, supervisor_options
+    from clusterddp.launch.run import RunOptions
+
+    job = JobSpec(name="j", script="t.py", nodes=2, nproc_per_node=1, backend="gloo", restarts=3)
+    overrides = Overrides(nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29500, job=job)
+    topology, _ = resolve_here(job, overrides, {})
+    assert topology.restart_count is None
+    supervision = supervisor_options(job, topology, RunOptions())
+    assert (supervision.restarts, supervision.first_attempt) == (3, 0)
+
+
+def test_dry_run_under_openpai_shows_the_attempt(tmp_path: Path) -> None:
+    """'clusterddp run JOB --dry-run' in a recreated OpenPAI task (attempt 1) shows
+    TORCHELASTIC_RESTART_COUNT=1 for each worker and says the node never restarts alone."""
+    from conftest import cli, cli_env
+
+    (tmp_path / "t.py").write_text("", encoding="utf-8")
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nscript: t.py\nnodes: 2\nnproc_per_node: 2\nbackend: gloo\nrestarts: 2\n"
+                   "cpu_affinity: none\nopenpai:\n  image: img:1\n", encoding="utf-8")
+    env = env_for(TaskRole("worker", 2, IPS[:2]), 0, attempt=1)
+    result = cli("run", str(job), "--dry-run", "--log-dir", str(tmp_path / "logs"), env=cli_env(**env))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "environment: openpai;" in out and "run id alice_ddp-attempt1" in out
+    assert "note: job attempt 1 (FC_FRAMEWORK_ATTEMPT_ID): OpenPAI retries the whole job" in out
+    assert out.count("  TORCHELASTIC_RESTART_COUNT=1\n") == 2
+    assert out.count("  TORCHELASTIC_MAX_RESTARTS=2\n") == 2
+
+
+def test_a_failing_single_task_job_is_not_restarted_by_its_launcher(tmp_path: Path) -> None:
+    """A real run in a recreated 1-instance OpenPAI task: with restarts: 2 the launcher runs the
+    workers once (attempt 0, from FC_FRAMEWORK_ATTEMPT_ID) and exits with the failure, for
+    OpenPAI to retry the job; on the retry (attempt 1) the workers see 1 and succeed."""
+    from conftest import BIN, cli, cli_env
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: j\nscript: {BIN / 'fail_once.py'}\nnodes: 1\nnproc_per_node: 2\nbackend: gloo\n"
+                   "restarts: 2\ncpu_affinity: none\ngrace_period: 1\n", encoding="utf-8")
+    role = TaskRole("worker", 1, ("127.0.0.1",))
+    first = cli("run", str(job), "--log-dir", str(tmp_path / "logs"),
+                env=cli_env(**env_for(role, 0, attempt=0)), timeout=60)
+    assert first.returncode == 7, first.stdout + first.stderr
+    assert "attempt 1" not in first.stdout and "restart 1 of 2" not in first.stdout + first.stderr
+    retry = cli("run", str(job), "--log-dir", str(tmp_path / "logs"),
+                env=cli_env(**env_for(role, 0, attempt=1)), timeout=60)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert "rank 1 attempt 1" in retry.stdout

@@ -64,6 +64,72 @@ def test_full_job_values_read_back_exactly() -> None:
     assert spec["extras"] == {"gangAllocation": True}
 
 
+@pytest.mark.parametrize("restarts", [0, 1, 7])
+def test_restarts_render_as_the_job_retry_count_and_no_task_retries(restarts: int) -> None:
+    """restarts: N is jobRetryCount: N (whole-job retries); taskRetryCount stays 0 whatever N is."""
+    job = replace(load_job(HERE / "jobs" / "minimal.yaml"), restarts=restarts)
+    spec = yaml.safe_load(render_openpai(job, "minimal.yaml"))
+    assert spec["jobRetryCount"] == restarts
+    assert spec["taskRoles"]["worker"]["taskRetryCount"] == 0
+    assert spec["taskRoles"]["worker"]["commands"] == ["clusterddp run minimal.yaml"]
+
+
+def write_job(tmp_path: Path, extra: str) -> Path:
+    (tmp_path / "t.py").write_text("", encoding="utf-8")
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: j\nscript: t.py\nopenpai:\n  image: img:1\n{extra}", encoding="utf-8")
+    return path
+
+
+def test_fixed_range_renders_its_count_and_a_real_range_is_refused_at_its_line(tmp_path: Path) -> None:
+    """nodes '4:4' is 4 instances; '3:4' is refused naming file:line: nodes, with a hint."""
+    fixed = load_job(write_job(tmp_path, "nodes: '4:4'\n"))
+    assert yaml.safe_load(render_openpai(fixed, "job.yaml"))["taskRoles"]["worker"]["instances"] == 4
+    elastic = load_job(write_job(tmp_path, "nodes: '3:4'\n"))
+    with pytest.raises(JobSpecError) as info:
+        render_openpai(elastic, "job.yaml")
+    text = str(info.value)
+    assert text.startswith(f"{tmp_path / 'job.yaml'}:5: nodes: '3:4': OpenPAI runs a fixed number of instances")
+    assert "hint: write nodes: 4" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("line, message", [
+    ("restarts: 2147483648", "must be an integer from 0 to 2147483647, got 2147483648"),
+    ("restarts: 99999999999999", "must be an integer from 0 to 2147483647"),
+    ("restarts: -1", "must be >= 0, got -1"),
+    ("restarts: many", "expected an integer, got"),
+    ("restarts: 1.5", "expected an integer, got"),
+    ("restarts: [1]", "expected an integer, got"),
+    ("nodes: '3:4'", "OpenPAI runs a fixed number of instances"),
+    ("nodes: 10001", "at most 10000 per task role"),
+    ("openpai:\n  job_retry_count: 2", "unknown key (hint: write the job's top-level 'restarts: N'"),
+])
+def test_render_command_refuses_bad_retries_in_one_line_with_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str) -> None:
+    """'clusterddp render openpai JOB' with a bad restarts/nodes: exit 2, one stderr line 'file:line: key: ...'."""
+    from clusterddp.cli import main
+
+    path = write_job(tmp_path, line + "\n")
+    if line.startswith("openpai:"):
+        path.write_text(f"name: j\nscript: t.py\n{line}\n", encoding="utf-8")
+    assert main(["render", "openpai", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.rstrip("\n")
+    key = "openpai.job_retry_count" if line.startswith("openpai:") else line.split(":")[0]
+    row = 4 if line.startswith("openpai:") else 5
+    assert "\n" not in err and err.startswith(f"clusterddp: error: {path}:{row}: {key}: "), err
+    assert message in err, err
+
+
+@pytest.mark.parametrize("value", [-1, 1 << 31, 10 ** 30, "2", True, 2.0, None])
+def test_hand_built_restarts_are_refused_by_the_renderer_itself(value: object) -> None:
+    """A JobSpec built by hand with a bad restarts never renders: one line naming 'restarts'."""
+    job = replace(load_job(HERE / "jobs" / "minimal.yaml"), restarts=value)
+    with pytest.raises(JobSpecError, match=r"minimal.yaml:?\d*: restarts: must be an integer from 0 to 2147483647"):
+        render_openpai(job, "minimal.yaml")
+
+
 def test_secrets_and_job_env_are_never_rendered() -> None:
     """No 'secrets' key, and the job's env values (API keys...) stay out of the spec."""
     text = render_fixture("full")

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from server_rules import DATA, middleware_errors, schema_errors, server_errors
+from server_rules import DATA, SCHEMA, framework_errors, middleware_errors, schema_errors, server_errors
 
-from clusterddp.schedulers.openpai_render import render_openpai
-from clusterddp.spec import load_job
+from clusterddp.schedulers.openpai_render import MAX_INSTANCES, MAX_RETRY_COUNT, render_openpai
+from clusterddp.sections.openpai import OpenPAISpec
+from clusterddp.spec import JobSpec, load_job
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -64,3 +65,46 @@ def test_rendered_example_jobs_pass_the_server_rules(path: Path) -> None:
     assert role["commands"][-1] == f"clusterddp run {relative}"
     assert job.openpai.port_label in role["resourcePerInstance"]["ports"]
     assert spec["extras"]["gangAllocation"] is True and "secrets" not in spec
+    assert (spec["jobRetryCount"], role["taskRetryCount"]) == (job.restarts, 0)
+
+
+def test_retry_fields_are_where_and_what_the_schema_says() -> None:
+    """The reference schema puts jobRetryCount at the top (integer >= 0) and taskRetryCount in a
+    task role (an integer, no lower bound there): the renderer writes exactly those two keys."""
+    role_schema = SCHEMA["properties"]["taskRoles"]["patternProperties"]["^[a-zA-Z_][a-zA-Z0-9_]*$"]
+    assert SCHEMA["properties"]["jobRetryCount"] == {"type": "integer", "minimum": 0}
+    assert role_schema["properties"]["taskRetryCount"] == {"type": "integer"}
+    assert role_schema["properties"]["instances"] == {"type": "integer", "minimum": 1}
+
+
+def test_framework_rules_catch_what_the_schema_lets_through() -> None:
+    """Counts the schema accepts but FrameworkController cannot hold are caught; -5 task retries
+    (schema-valid, conformance case taskRetry_neg) matter only without gang allocation."""
+    job = yaml.safe_load((DATA / "examples" / "cifar10-single-mul-DDP-nccl.yaml").read_text(encoding="utf-8"))
+    role = job["taskRoles"]["worker"]
+    assert framework_errors(job) == []
+    assert framework_errors({**job, "jobRetryCount": 1 << 31}) == [
+        "jobRetryCount 2147483648 does not fit the Framework's int32 maxRetryCount"]
+    assert schema_errors({**job, "jobRetryCount": 1 << 31}) == []
+    assert framework_errors({**job, "taskRoles": {"worker": {**role, "instances": 10001}}}) == [
+        "taskRoles.worker.instances 10001 is over the Framework's taskNumber maximum 10000"]
+    negative = {**job, "taskRoles": {"worker": {**role, "taskRetryCount": -5}}}
+    assert framework_errors(negative) == []
+    assert framework_errors({**negative, "extras": {"gangAllocation": False}}) == [
+        "taskRoles.worker.taskRetryCount -5 is outside the Framework's maxRetryCount range -2..2147483647"]
+
+
+@pytest.mark.parametrize("restarts", [0, 1, 3, MAX_RETRY_COUNT])
+@pytest.mark.parametrize("nodes", [1, "2:2", 4, MAX_INSTANCES])
+def test_rendered_retry_policy_passes_the_server_rules(restarts: int, nodes: int | str) -> None:
+    """Any restarts the renderer accepts, with any fixed node count, gives a spec OpenPAI accepts:
+    jobRetryCount = restarts, taskRetryCount 0, instances = the count, gang allocation on."""
+    job = JobSpec(name="j", script="t.py", nodes=nodes, restarts=restarts, openpai=OpenPAISpec(image="img:1"))
+    text = render_openpai(job, "jobs/j.yaml")
+    assert server_errors(text) == []
+    spec = yaml.safe_load(text)
+    role = spec["taskRoles"]["worker"]
+    assert (spec["jobRetryCount"], role["taskRetryCount"]) == (restarts, 0)
+    assert role["instances"] == job.node_range[1]
+    assert role["completion"] == {"minFailedInstances": 1, "minSucceededInstances": job.node_range[1]}
+    assert spec["extras"]["gangAllocation"] is True
