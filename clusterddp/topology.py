@@ -261,7 +261,8 @@ def check_node_workers(node_workers: tuple[int, ...], placement: Placement, npro
     to the workers it runs. Equal counts collapse to the plain formula (empty layout)."""
     if len(node_workers) != placement.nnodes:
         raise EnvironmentDetectionError(
-            f"--workers-per-node gives {len(node_workers)} node(s) but {placement.env} says {placement.nnodes}")
+            f"--workers-per-node gives {len(node_workers)} node(s) but the job has {placement.nnodes} "
+            f"(placement: {placement.env})")
     if node_workers[placement.node_rank] != nproc:
         raise EnvironmentDetectionError(
             f"--workers-per-node gives node {placement.node_rank} {node_workers[placement.node_rank]} "
