@@ -1,0 +1,199 @@
+"""One attempt of a fan-out: probe the candidate hosts, choose the ones it runs on, and plan
+each one's launcher (the exact argv and env its stub will ``execve``).
+
+``fanout`` runs attempts; the rules for choosing hosts and for restarting are the pure
+functions of ``attempts``. Everything here talks to hosts only through ``preflight``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Sequence
+
+from clusterddp.errors import RemoteError
+from clusterddp.launch.ssh.attempts import choose_hosts, start_line, too_few
+from clusterddp.launch.ssh.connect import ConnectSettings
+from clusterddp.launch.ssh.hosts import Host
+from clusterddp.launch.ssh.options import FanoutOptions
+from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_hosts,
+                                             raise_problems, start_sessions)
+from clusterddp.launch.ssh.remote_command import LaunchPlan, launcher_argv, launcher_env
+from clusterddp.spec import JobSpec
+from clusterddp.topology import choose_port, count_workers, is_loopback
+
+@dataclass(frozen=True)
+class Launch:
+    """What every attempt of one fan-out shares: the hosts to choose from and how to start them."""
+
+    job: JobSpec
+    options: FanoutOptions
+    #: Every candidate host, in hostfile order.
+    hosts: list[Host]
+    settings: ConnectSettings
+    run_id: str
+    #: The user's master address (flag or job file); None: node 0's address, per attempt.
+    master_addr: str | None
+    python: str
+    cwd: str
+    base_env: dict[str, str]
+    target: list[str]
+    paths: list[str]
+    #: ``nodes`` as (MIN, MAX): every listed host for a fixed count, the job's range for "MIN:MAX".
+    low: int
+    high: int
+    out: BinaryIO
+    err: BinaryIO
+
+
+@dataclass
+class Start:
+    """One attempt's hosts (probed, chosen, node ranks given) and their launchers' plans."""
+
+    sessions: list[HostSession]
+    plans: list[LaunchPlan]
+    master_addr: str
+    master_port: int
+
+
+def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[str], None]) -> Start:
+    """Probe the candidates, choose this attempt's hosts, and plan each one's launcher.
+
+    Node 0's address is the master unless the user gave one; when the first candidate is
+    left out, the chosen hosts are probed once more against the new master (its route and
+    port are part of the probe)."""
+    candidates = [h for h in launch.hosts if h.name not in dead]
+    started = time.monotonic()
+    for _ in range(2):
+        master_addr = launch.master_addr or _address_of(candidates[0]) if candidates else launch.master_addr
+        port = master_port(launch, number)
+        sessions = probe(launch, candidates, master_addr or "", port)
+        selection = choose_hosts([(s.host.name, s, s.problems) for s in sessions], launch.high)
+        chosen: list[HostSession] = selection.chosen
+        if not launch.job.elastic:
+            raise_problems(sessions)  # a fixed node count: every host or none
+        problem = too_few(len(chosen), launch.low, launch.high)
+        if problem is not None:
+            for session in sessions:
+                session.close()
+            problems = {**{name: [why] for name, why in dead.items()},
+                        **{s.label: s.problems for s in sessions if s.problems}}
+            raise PreflightError(problems, len(launch.hosts), [problem])
+        if launch.master_addr or not chosen or chosen[0] is sessions[0]:
+            break
+        for session in sessions:  # node 0 changed: probe the chosen hosts against it
+            session.close()
+        candidates = [s.host for s in chosen]
+    for session in sessions:
+        if session not in chosen:
+            session.close()
+    for node_rank, session in enumerate(chosen):
+        session.node_rank = node_rank
+    plans = plan_launchers(launch, chosen, master_addr or "", port, number)
+    world = sum(p.nproc for p in plans)
+    if number == 0:
+        say(f"preflight passed on {len(chosen)} hosts in {time.monotonic() - started:.1f}s; "
+            f"master {master_addr}:{port}" + (f", world size {world}" if launch.job.elastic else ""))
+    else:
+        say(start_line(number, [p.host for p in plans], world, selection.left_out + list(dead.items())))
+    return Start(chosen, plans, master_addr or "", port)
+
+
+def master_port(launch: Launch, number: int) -> int:
+    """The master port: the user's, else derived from the run id; a restart derives a new one,
+    so no socket of the last attempt (TIME_WAIT, a slow exit) can be in the way."""
+    run = launch.run_id if number == 0 else f"{launch.run_id}.{number}"
+    return choose_port(run, launch.options.master_port, launch.job.master.port)
+
+
+def probe(launch: Launch, hosts: Sequence[Host], master_addr: str, master_port: int) -> list[HostSession]:
+    """Connect to and probe every host in parallel; each host's problems are in its session."""
+    if len(hosts) > 1 and is_loopback(master_addr):
+        raise RemoteError(f"master address {master_addr} is loopback, but the job spans {len(hosts)} hosts",
+                          "set master.addr to an address the other hosts can reach")
+
+    def request(node_rank: int, host: Host) -> dict[str, Any]:
+        return {"cwd": launch.cwd, "env": launch.base_env, "master_addr": master_addr, "master_port": master_port,
+                "check_port": node_rank == 0, "paths": launch.paths}
+
+    sessions = start_sessions(hosts, launch.settings, launch.python, request, launch.job.ssh.parallel,
+                              probe_timeout=max(30.0, 3 * launch.settings.timeout))
+    if launch.options.on_probed is not None:
+        launch.options.on_probed(sessions)
+    cluster = check_hosts(sessions, HeadFacts.here())
+    if cluster:
+        raise_problems(sessions, cluster)
+    for session in sessions:
+        if not session.problems:
+            count, why = _nproc(launch.job, launch.options, session)
+            if launch.job.backend == "nccl" and session.facts["gpus"] < count:
+                session.problems.append(f"backend nccl needs a GPU per worker: {count} workers, "
+                                        f"{session.facts['gpus']} GPUs visible")
+            if count < 1:
+                session.problems.append(f"no workers to run ({why})")
+    return sessions
+
+
+def plan_launchers(launch: Launch, sessions: Sequence[HostSession], master_addr: str, master_port: int,
+           number: int) -> list[LaunchPlan]:
+    """One plan per chosen host. Hosts may run different numbers of workers (slots): each
+    launcher then gets every node's count (``--workers-per-node``), and global ranks are
+    their prefix sums in node-rank order, as torch elastic assigns them."""
+    job, options = launch.job, launch.options
+    counts = [_nproc(job, options, session)[0] for session in sessions]
+    layout = ["--workers-per-node", ",".join(str(c) for c in counts)] if len(set(counts)) > 1 else []
+    restart = ["--restart-count", str(number)]
+    plans = []
+    for session, nproc in zip(sessions, counts):
+        route = session.facts.get("route") or {}
+        interface = job.ssh.interface or route.get("dev")
+        argv = launcher_argv(session.facts["executable"], launch.target, nnodes=len(sessions),
+                             node_rank=session.node_rank, master_addr=master_addr, master_port=master_port,
+                             run_id=launch.run_id, nproc=nproc, heartbeat_timeout=options.heartbeat_timeout,
+                             extra=(*restart, *layout, *options.launcher_args))
+        plans.append(LaunchPlan(host=session.host.name, node_rank=session.node_rank, nproc=nproc, argv=argv,
+                                env=launcher_env(launch.base_env, job.env, interface), cwd=launch.cwd,
+                                passthrough=tuple(job.env_passthrough)))
+    return plans
+
+
+def _nproc(job: JobSpec, options: FanoutOptions, session: HostSession) -> tuple[int, str]:
+    """Workers on one host: --nproc-per-node, else the host's slots, else the job's
+    nproc_per_node counted on the host (``topology.count_workers``)."""
+    if isinstance(options.nproc_per_node, int):
+        return options.nproc_per_node, "--nproc-per-node"
+    if options.nproc_per_node is None and session.host.slots:
+        return session.host.slots, f"slots={session.host.slots} at {session.host.origin}"
+    request = options.nproc_per_node or job.nproc_per_node
+    return count_workers(request, session.facts["gpus"], session.facts["cpus"])  # type: ignore[arg-type]
+
+
+def dry_run_text(job: JobSpec, plans: Sequence[LaunchPlan], sessions: Sequence[HostSession],
+                 master_addr: str, master_port: int, run_id: str) -> str:
+    """The rank table (each host's ranks: prefix sums of the workers before it) and, per host,
+    the exact command its launcher would run."""
+    counts = [plan.nproc for plan in plans]
+    workers = f"{counts[0]} workers" if len(set(counts)) == 1 else "(" + "+".join(map(str, counts)) + ") workers"
+    lines = [f"job '{job.name}': {len(plans)} hosts x {workers} = world size {sum(counts)}, "
+             f"master {master_addr}:{master_port}, run id {run_id}",
+             f"  {'node':<5} {'host':<16} {'address':<16} {'ranks':<12} {'interface':<10} python"]
+    first = 0
+    for plan, session in zip(plans, sessions):
+        ranks = f"{first}-{first + plan.nproc - 1}" if plan.nproc > 1 else str(first)
+        first += plan.nproc
+        iface = plan.env.get("GLOO_SOCKET_IFNAME", "-")
+        lines.append(f"  {plan.node_rank:<5} {plan.host:<16} {session.host.address:<16} {ranks:<12} "
+                     f"{iface:<10} {session.facts['python']}")
+    lines.append("commands (what each host's stub will exec, as a shell line):")
+    for plan in plans:
+        lines.append(f"  {plan.host}: {plan.shell_line()}")
+    return "\n".join(lines) + "\n"
+
+
+def _address_of(host: Host) -> str | None:
+    """Node 0's address as the other hosts should reach it (None: connect will name the problem)."""
+    try:
+        return str(socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0])
+    except socket.gaierror:
+        return None
