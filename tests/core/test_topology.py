@@ -136,3 +136,28 @@ def test_nnodes_flag_cross_checks_the_scheduler() -> None:
     assert environment.name == "torchrun"
     with pytest.raises(EnvironmentDetectionError, match="--nnodes says 3"):
         resolve(JobSpec(script="x.py", nproc_per_node=1), environment.placement(), env, nnodes=3)
+
+
+@pytest.mark.parametrize("layout", [(2, 1, 1), (1, 3), (4, 2, 2, 1, 5), (1,)])
+def test_uneven_nodes_rank_by_prefix_sums(layout: tuple[int, ...]) -> None:
+    """Every node's ranks follow the nodes before it (torch elastic's assignment); together the
+    nodes cover 0..world-1 once, and each worker's env says its node's own LOCAL_WORLD_SIZE."""
+    seen: list[int] = []
+    for node_rank, workers in enumerate(layout):
+        placement = Placement(env="explicit", nnodes=len(layout), node_rank=node_rank, master_addr="10.0.0.1",
+                              master_port=29500)
+        topo = resolve(JobSpec(nproc_per_node=workers), placement, {}, node_workers=layout)
+        assert topo.world_size == sum(layout)
+        assert topo.node_ranks().start == sum(layout[:node_rank])
+        for local_rank in range(workers):
+            env = topo.worker_env(local_rank)
+            seen.append(int(env["RANK"]))
+            assert env["LOCAL_WORLD_SIZE"] == str(workers) and env["GROUP_RANK"] == str(node_rank)
+            assert env["WORLD_SIZE"] == str(sum(layout)) and env["GROUP_WORLD_SIZE"] == str(len(layout))
+    assert seen == list(range(sum(layout)))
+
+
+def test_equal_layout_is_torchruns_formula() -> None:
+    placement = Placement(env="explicit", nnodes=3, node_rank=2, master_addr="10.0.0.1", master_port=29500)
+    topo = resolve(JobSpec(nproc_per_node=2), placement, {}, node_workers=(2, 2, 2))
+    assert topo.node_workers == () and topo.global_rank(1) == 2 * 2 + 1 and topo.world_size == 6
