@@ -298,7 +298,7 @@ def test_outside_openpai_the_nodes_own_restarts_still_apply() -> None:
 def test_dry_run_under_openpai_shows_the_attempt(tmp_path: Path) -> None:
     """'clusterddp run JOB --dry-run' in a recreated OpenPAI task (attempt 1) shows
     TORCHELASTIC_RESTART_COUNT=1 for each worker and says the node never restarts alone."""
-    from conftest import cli, cli_env
+    from tests.conftest import cli, cli_env
 
     (tmp_path / "t.py").write_text("", encoding="utf-8")
     job = tmp_path / "job.yaml"
