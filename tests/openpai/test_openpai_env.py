@@ -318,7 +318,7 @@ def test_a_failing_single_task_job_is_not_restarted_by_its_launcher(tmp_path: Pa
     """A real run in a recreated 1-instance OpenPAI task: with restarts: 2 the launcher runs the
     workers once (attempt 0, from FC_FRAMEWORK_ATTEMPT_ID) and exits with the failure, for
     OpenPAI to retry the job; on the retry (attempt 1) the workers see 1 and succeed."""
-    from conftest import BIN, cli, cli_env
+    from tests.conftest import BIN, cli, cli_env
 
     job = tmp_path / "job.yaml"
     job.write_text(f"name: j\nscript: {BIN / 'fail_once.py'}\nnodes: 1\nnproc_per_node: 2\nbackend: gloo\n"
