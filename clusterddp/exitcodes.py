@@ -15,3 +15,11 @@ HANG = 124
 
 #: Bad input: a broken job file, an unknown key, unreachable host found by preflight.
 USAGE = 2
+
+#: Exits a restart cannot fix: preempted (the scheduler requeues), non-finite loss (same state,
+#: same NaN). Neither the supervisor, the SSH head nor the sbatch script restarts them.
+NOT_RESTARTED = (PREEMPTED, NONFINITE_LOSS)
+
+#: Longest pause before a restart (1 s, 2 s, 4 s, ... up to this): of a node's group, of the
+#: whole job, and of the srun step in the sbatch script.
+MAX_BACKOFF = 30.0

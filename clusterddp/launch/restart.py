@@ -12,11 +12,9 @@ from typing import Sequence
 from clusterddp import exitcodes
 from clusterddp.launch.report import WorkerExit
 
-#: Exits a restart cannot fix: preempted (the scheduler requeues), non-finite loss (same state,
-#: same NaN).
-NOT_RESTARTED = (exitcodes.PREEMPTED, exitcodes.NONFINITE_LOSS)
-#: Longest pause between restarts of the local group.
-MAX_BACKOFF = 30.0
+#: Exits a restart cannot fix, and the longest pause between restarts (clusterddp.exitcodes).
+NOT_RESTARTED = exitcodes.NOT_RESTARTED
+MAX_BACKOFF = exitcodes.MAX_BACKOFF
 
 
 @dataclass(frozen=True)

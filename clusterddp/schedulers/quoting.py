@@ -55,10 +55,12 @@ def directive_value(value: object, where: str, key: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def integer(value: object, where: str, key: str, minimum: int = 0) -> str:
-    """A count written as digits; anything but a real int (a str, a bool) is refused."""
-    if type(value) is not int or value < minimum:
-        raise fail(where, key, f"must be an integer >= {minimum}, got {shown(value)}")
+def integer(value: object, where: str, key: str, minimum: int = 0, maximum: int | None = None) -> str:
+    """A count written as digits; anything but a real int (a str, a bool) is refused, and so
+    is one past ``maximum`` (bash's arithmetic is 64-bit)."""
+    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise fail(where, key, f"must be an integer {bounds}, got {shown(value)}")
     return str(value)
 
 

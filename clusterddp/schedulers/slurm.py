@@ -3,11 +3,13 @@
 ``render_sbatch`` is pure (job in, script text out) so it is golden-tested; ``main`` adds the
 file system and ``sbatch``. The script runs ``srun --ntasks-per-node=1 <python> -m clusterddp
 run JOB``: one launcher per node, which reads its place from SLURM's variables
-(clusterddp.envs.slurm) and supervises that node's workers.
+(clusterddp.envs.slurm) and supervises that node's workers. With ``restarts: N`` it runs a
+failed step again inside the allocation, on the nodes SLURM still reports healthy.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import shutil
@@ -21,14 +23,14 @@ from typing import Mapping
 
 from clusterddp import __version__
 from clusterddp.errors import JobSpecError, SubmitError
-from clusterddp.exitcodes import PREEMPTED
+from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
 from clusterddp.spec import JobSpec, load_job
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.templates import load_template
-from clusterddp.validate import shown
+from clusterddp.validate import MAX_COUNT, parse_node_range, shown
 
 TEMPLATE = "slurm.sbatch"
 
@@ -40,17 +42,20 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
     Every value is checked and quoted for where it lands (clusterddp.schedulers.quoting), so no
     value can end a directive, a comment or a shell word early. Every template variable must
     be supplied: a missing one raises instead of rendering empty.
+
+    The script runs the srun step up to ``1 + restarts`` times inside the allocation (see
+    docs/slurm.md, "Fault tolerance"): each launcher gets ``--restart-count ATTEMPT``.
     """
     where = q.place(job.source, job_path)
     slurm = job.slurm
     job_word = q.path_word(job_path, where, "job file path")
     interpreter = python or job.python or sys.executable
-    nodes = q.integer(job.nodes, where, "nodes", minimum=1)
-    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    low, high = node_range(job, where)
+    srun = ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if slurm.cpus_per_task is not None:
         # srun 22.05-23.02 does not inherit --cpus-per-task; the one launcher task needs them all.
         srun.append(f"--cpus-per-task={q.integer(slurm.cpus_per_task, where, 'slurm.cpus_per_task', 1)}")
-    srun_words = [*srun, q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
+    launcher = [q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
     values = {
         "version": __version__,
         "job_file": job_word,
@@ -59,8 +64,15 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
         "setup": _setup(job, where),
         "exports": _exports(job, where),
         "traps": _traps(slurm.signal, where),
-        "srun_command": " ".join(srun_words),
+        "launcher": " ".join(launcher),
+        "srun_options": " ".join(srun),
+        "min_nodes": str(low),
+        "max_nodes": str(high),
+        "restarts": q.integer(job.restarts, where, "restarts", maximum=MAX_COUNT),
+        "max_backoff": str(int(MAX_BACKOFF)),
+        "doublings": str(math.ceil(math.log2(MAX_BACKOFF))),  # 1 << this is MAX_BACKOFF or more
         "preempted": str(PREEMPTED),
+        "nonfinite": str(NONFINITE_LOSS),
         "requeue": "1" if slurm.requeue else "0",
     }
     try:
@@ -68,6 +80,14 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
     except (KeyError, ValueError) as exc:
         raise JobSpecError(where, None, "slurm",
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
+
+
+def node_range(job: JobSpec, where: str = "<job>") -> tuple[int, int]:
+    """``nodes`` as (MIN, MAX), checked here too: a JobSpec built by hand was never loaded."""
+    try:
+        return parse_node_range(job.nodes)
+    except ValueError as exc:
+        raise q.fail(where, "nodes", str(exc)) from None
 
 
 def _setup(job: JobSpec, where: str) -> str:
@@ -99,7 +119,7 @@ def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
     slurm = job.slurm
     options: dict[str, str | None] = {
         "job-name": q.token(job.name, where, "name"),
-        "nodes": q.integer(job.nodes, where, "nodes", minimum=1),
+        "nodes": _nodes_option(job, where),
         "ntasks-per-node": "1",
         "output": q.directive_value(default_output(job), where, "slurm.output" if slurm.output else "logs.dir"),
     }
@@ -118,6 +138,8 @@ def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
         options["export"] = ",".join(["ALL", *names])  # by name: the value never enters the script
     if slurm.exclusive:
         options["exclusive"] = None
+    if q.integer(job.restarts, where, "restarts", maximum=MAX_COUNT) != "0":
+        options["no-kill"] = None  # a failed node leaves the allocation; the others restart the step
     if slurm.requeue:
         options["requeue"] = None
         options["open-mode"] = "append"  # keep the first run's output when the job runs again
@@ -132,6 +154,13 @@ def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
                          "list the variables in env_passthrough instead")
         lines.append(f"#SBATCH {directive}")
     return lines
+
+
+def _nodes_option(job: JobSpec, where: str) -> str:
+    """``--nodes=N``, or ``--nodes=MIN-MAX`` for ``nodes: "MIN:MAX"`` (SLURM allocates as many
+    as it can start the job with, and the step runs on those: SLURM_JOB_NUM_NODES)."""
+    low, high = node_range(job, where)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def _plain_value(value: str, where: str, key: str) -> str:

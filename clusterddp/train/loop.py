@@ -27,6 +27,7 @@ from clusterddp.train.evaluation import evaluate, move_to
 from clusterddp.train.exitcodes import PREEMPTED_EXIT_CODE
 from clusterddp.train.guard import LAG, StepAgreement, StepVerdict
 from clusterddp.train.liveness import heartbeat
+from clusterddp.train.model import settle_buckets
 from clusterddp.train.preempt import DEFAULT_SIGNALS, Preempted, PreemptionHandler
 from clusterddp.train.display import ScalarLogger, progress
 
@@ -105,6 +106,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     try:
         for inputs, targets in bar:
             inputs, targets = move_to(inputs, ctx.device), move_to(targets, ctx.device)
+            settle_buckets(model, inputs, amp.autocast)  # once: a resumed step sums as any other
             with amp.autocast():
                 loss = criterion(model(inputs), targets)
             agreement.start(loss, preemption is not None and preemption.requested,

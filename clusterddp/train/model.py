@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import fnmatch
 import sys
-from typing import Iterable, Sequence
+import weakref
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -135,3 +136,57 @@ def prepare_model(model: nn.Module, ctx: DistContext, *, sync_bn: bool = False,
                   flush=True)
     model = convert_sync_batchnorm(model, ctx, enabled=sync_bn)
     return wrap_ddp(model, ctx, **ddp_kwargs)
+
+
+#: DDP models whose gradient buckets are already in their final order (see settle_buckets).
+_SETTLED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def settle_buckets(model: nn.Module, inputs: Any, autocast: Callable[[], ContextManager[Any]]) -> bool:
+    """Give DDP its final gradient buckets before the first real step of this process.
+
+    DDP starts with one bucket of every parameter in definition order, and after its first
+    backward regroups them by the order their gradients became ready (``rebuild_buckets``).
+    Where a parameter sits in a bucket decides the order in which a ring all-reduce over 3
+    or more ranks adds the ranks' values, so the first step of every process sums in another
+    order than all the others: a run resumed at step k differs from an uninterrupted one in
+    the last bits, because its step k was a first step and the uninterrupted run's was not.
+
+    This runs one forward and backward on ``inputs`` (the first batch) and throws the
+    gradients away; the next forward rebuilds the buckets, so every step that updates the
+    weights, the first one of a fresh start and of a resume alike, uses the same buckets.
+    Buffers (BatchNorm statistics) and the RNG state (dropout) are put back as they were,
+    so the step itself is unchanged. Only for a DDP model that regroups (not with
+    ``find_unused_parameters=True``, which keeps the first grouping), once per model.
+    Returns whether it ran.
+    """
+    if not isinstance(model, DistributedDataParallel) or model in _SETTLED:
+        return False
+    _SETTLED.add(model)
+    if model.find_unused_parameters and not model.static_graph:
+        return False
+    buffers = [buffer.detach().clone() for buffer in model.module.buffers()]
+    devices = sorted({t.device.index or 0 for t in _tensors(inputs) if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        with autocast():
+            outputs = [t for t in _tensors(model(inputs)) if t.requires_grad]
+        if outputs:
+            torch.stack([t.float().sum() for t in outputs]).sum().backward()
+    with torch.no_grad():
+        for buffer, saved in zip(model.module.buffers(), buffers):
+            buffer.copy_(saved)
+    for param in model.parameters():
+        param.grad = None
+    return True
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a model's input or output (a tensor, or lists, tuples, dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)

@@ -11,7 +11,6 @@ ranks, or reach them at different steps), writes a checkpoint, and every rank ex
 from __future__ import annotations
 
 import signal
-import threading
 from types import FrameType
 from typing import Iterable
 
@@ -62,24 +61,32 @@ class PreemptionHandler:
     handlers afterwards. A repeated signal changes nothing: SLURM may signal both the
     launcher and the worker, and a second signal must not kill the checkpoint being written.
     Signal handlers can only be installed from the main thread.
+
+    The handler takes no lock: it only sets attributes. Under SLURM every worker gets the
+    signal twice, microseconds apart (slurmstepd signals every process of the step, and the
+    launcher forwards it too), and Python runs the second handler inside the first one. With a
+    ``threading.Event`` here the nested ``set()`` waited for the lock the interrupted outer
+    ``set()`` held: that rank hung, every other rank waited for it in the next all-reduce, and
+    the job never exited 75 (about one SLURM preemption in three; reproduced in
+    tests/train/test_train_pieces.py).
     """
 
     def __init__(self, signals: Iterable[str | int | signal.Signals] = DEFAULT_SIGNALS) -> None:
         self.signals = parse_signals(signals)
         self.signal_name: str | None = None
-        self._event = threading.Event()
+        self._requested = False
         self._previous: dict[signal.Signals, object] = {}
 
     @property
     def requested(self) -> bool:
         """True once any of the signals arrived (or ``request()`` was called)."""
-        return self._event.is_set()
+        return self._requested
 
     def request(self, signal_name: str = "manual") -> None:
         """Ask for a preemption stop as if a signal had arrived (tests, custom triggers)."""
         if self.signal_name is None:
             self.signal_name = signal_name
-        self._event.set()
+        self._requested = True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.request(signal.Signals(signum).name)

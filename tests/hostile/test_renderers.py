@@ -41,6 +41,8 @@ CORPUS = [
 ]
 JOB_PATH = "/shared/jobs/job.yaml"
 PYTHON = "/opt/venv/bin/python"
+#: What srun gets before the launcher's command, for the 2-node base job.
+SRUN_OPTIONS = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
 
 
 def base_job(**changes: object) -> JobSpec:
@@ -63,6 +65,7 @@ SLURM_FIELDS: dict[str, Callable[[str], tuple[JobSpec, str, str]]] = {
     "env value": lambda v: (base_job(env={"HOSTILE": v}), JOB_PATH, PYTHON),
     "env_passthrough": lambda v: (base_job(env_passthrough=(v,)), JOB_PATH, PYTHON),
     "nodes": lambda v: (base_job(nodes=v), JOB_PATH, PYTHON),
+    "restarts": lambda v: (base_job(restarts=v), JOB_PATH, PYTHON),
     "slurm.cpus_per_task": lambda v: (slurm_with(cpus_per_task=v), JOB_PATH, PYTHON),
     "slurm.gpus_per_node": lambda v: (slurm_with(gpus_per_node=v), JOB_PATH, PYTHON),
     **{f"slurm.{f}": (lambda f: lambda v: (slurm_with(**{f: v}), JOB_PATH, PYTHON))(f)
@@ -88,7 +91,8 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_script(script: str, stubs: Path, work: Path, *, shell_line: bool = False) -> subprocess.CompletedProcess[bytes]:
     """Run a rendered script (or one shell line) with bash in ``work``, the stubs first on PATH."""
     work.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_OUT": str(work), "SLURM_JOB_ID": "7", "HOME": str(work)}
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_OUT": str(work), "SLURM_JOB_ID": "7", "HOME": str(work),
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
     argv = ["bash", "-c", script] if shell_line else ["bash", "-s"]
     return subprocess.run(argv, input=None if shell_line else script.encode(), cwd=work, env=env,
                           capture_output=True, timeout=20)
@@ -98,6 +102,14 @@ def recorded(work: Path, name: str) -> tuple[list[str], dict[str, str]]:
     argv = (work / f"{name}.argv").read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
     env_items = (work / f"{name}.env").read_bytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
     return argv, dict(item.split("=", 1) for item in env_items)
+
+
+def launcher_words(script: str) -> list[str]:
+    """The words of the script's ``launcher=(...)`` line as bash reads them."""
+    line = next(line for line in script.split("\n") if line.startswith("launcher=("))
+    words = subprocess.run(["bash", "-c", line + '\nprintf "%s\\0" "${launcher[@]}"'],
+                           capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape")
+    return words.split("\0")[:-1]
 
 
 def assert_one_line_refusal(exc: JobSpecError) -> None:
@@ -144,8 +156,8 @@ def test_sbatch_for_every_hostile_value(field: str, stubs: Path, tmp_path: Path)
             assert result.returncode == 0, result.stderr
         argv, env = recorded(work, "srun")
         interpreter = python or job.python or sys.executable
-        assert argv == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                        interpreter, "-m", "clusterddp", "run", job_path], (field, value)
+        assert argv == [*SRUN_OPTIONS, interpreter, "-m", "clusterddp", "run", job_path, "--restart-count", "0"], \
+            (field, value)
         if field == "env value":
             assert env["HOSTILE"] == value
         if field == "name":
@@ -204,6 +216,44 @@ def test_refusals_name_the_key(field: str, value: str) -> None:
     assert f": {key}: " in str(info.value)
 
 
+#: Values near the valid ones for ``nodes`` (an int or "MIN:MAX") and ``restarts`` (an int).
+NODES_VALUES: list[object] = [
+    "1:2", "2:2", "1:65536", "0:2", "2:1", "1:65537", "1-2", "1:2 ", " 1:2", "1:2\n", "1:2\n#SBATCH --wrap=x",
+    f"1:2;touch {CANARY}", f"1:$(touch {CANARY})", "\uff11:\uff12", "\u0661:\u0662", "1:2:3", ":2", "1:", "1_0:20",
+    "+1:2", "-1:2", "1:99999999999", 0, -1, True, 2.0, 65537, 1 << 70, None, [1, 2],
+]
+RESTARTS_VALUES: list[object] = [0, 1, 7, 1 << 20, (1 << 20) + 1, 1 << 63, 1 << 70, -1, True, 1.0, "1", "1; touch x",
+                                 None, float("nan")]
+
+
+@pytest.mark.parametrize("field,value", [("nodes", v) for v in NODES_VALUES] + [("restarts", v) for v in RESTARTS_VALUES])
+def test_node_ranges_and_restarts(field: str, value: object, stubs: Path, tmp_path: Path) -> None:
+    """A hostile nodes/restarts value is refused in one line naming the key, or renders exactly:
+    '--nodes=MIN[-MAX]', min_nodes and max_restarts as plain digits, and the script runs srun
+    with the planned argv and creates no canary."""
+    job = base_job(**{field: value})
+    try:
+        script = render_sbatch(job, JOB_PATH, python=PYTHON)
+    except JobSpecError as exc:
+        assert_one_line_refusal(exc)
+        assert f": {field}: " in str(exc)
+        return
+    args = check_structure(script)
+    lines = script.split("\n")
+    if field == "nodes":
+        low, high = (value, value) if isinstance(value, int) else map(int, str(value).split(":"))
+        assert (f"--nodes={low}" if low == high else f"--nodes={low}-{high}") in args
+        assert f"min_nodes={low}" in lines
+    else:
+        assert f"max_restarts={value}" in lines
+        assert ("--no-kill" in args) == (value != 0)
+    result = run_script(script, stubs, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / CANARY).exists()
+    assert recorded(tmp_path, "srun")[0] == [*SRUN_OPTIONS, PYTHON, "-m", "clusterddp", "run", JOB_PATH,
+                                             "--restart-count", "0"]
+
+
 def test_passthrough_goes_to_sbatch_by_name_only() -> None:
     """env_passthrough becomes '#SBATCH --export=ALL,NAMES'; an extra --export is refused."""
     script = render_sbatch(base_job(env_passthrough=("WANDB_API_KEY", "HF_TOKEN")), JOB_PATH, python=PYTHON)
@@ -222,7 +272,7 @@ def test_a_broken_setup_line_cannot_swallow_the_rest(stubs: Path, tmp_path: Path
     work = tmp_path / "w"
     run_script(render_sbatch(job, JOB_PATH, python=PYTHON), stubs, work)
     assert (work / "ok.txt").read_text() == "ok\n"
-    assert recorded(work, "srun")[0][-5:] == [PYTHON, "-m", "clusterddp", "run", JOB_PATH]
+    assert recorded(work, "srun")[0][-7:] == [PYTHON, "-m", "clusterddp", "run", JOB_PATH, "--restart-count", "0"]
 
 
 # --- OpenPAI -------------------------------------------------------------------------------
@@ -305,11 +355,7 @@ def test_sbatch_property(field: str, value: str) -> None:
     if script is None:
         return
     args = check_structure(script)
-    srun = next(line for line in script.split("\n") if line.startswith("srun "))
-    words = subprocess.run(["bash", "-c", "printf '%s\\0' " + srun[len("srun "):].rstrip(" &")],
-                           capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape")
-    assert words.split("\0")[:-1] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                                       python or sys.executable, "-m", "clusterddp", "run", job_path]
+    assert launcher_words(script) == [python or sys.executable, "-m", "clusterddp", "run", job_path]
     if field == "name":
         assert f"--job-name={value}" in args
     if field in ("slurm.output", "slurm.error") and value:

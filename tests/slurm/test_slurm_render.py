@@ -66,11 +66,11 @@ def test_env_values_survive_the_shell() -> None:
 
 
 def test_paths_with_blanks_are_quoted(tmp_path: Path) -> None:
-    """A job path and interpreter with blanks stay one word each in the srun line."""
+    """A job path and interpreter with blanks stay one word each in the launcher's command."""
     job = JobSpec(name="x", script="x.py")
     script = render_sbatch(job, "/my jobs/x.yaml", python="/opt/my venv/bin/python")
-    srun = next(line for line in script.splitlines() if line.startswith("srun "))
-    assert "'/opt/my venv/bin/python' -m clusterddp run '/my jobs/x.yaml'" in srun
+    launcher = next(line for line in script.splitlines() if line.startswith("launcher=("))
+    assert launcher == "launcher=('/opt/my venv/bin/python' -m clusterddp run '/my jobs/x.yaml')"
 
 
 @pytest.mark.parametrize("yaml_text,key", [
@@ -152,3 +152,139 @@ def test_unknown_action_is_refused() -> None:
     """Only render and submit exist for slurm."""
     with pytest.raises(SubmitError):
         main(SlurmOptions("status", job="x.yaml"))
+
+
+# --- in-allocation restarts: the rendered script run by bash with stub SLURM commands -------
+
+#: Stubs: srun records its argv (one line per call, words NUL-separated) and exits with the
+#: next code of $EXITS; scontrol and squeue answer from files; sleep only records its delay.
+STUBS = {
+    "srun": 'printf "%s\\0" "$@" >> "$WORK/srun.calls"; echo >> "$WORK/srun.calls"\n'
+            'n=$(wc -l < "$WORK/srun.calls"); code=$(echo "$EXITS" | cut -d, -f"$n")\n'
+            'if [ "$code" = usr1 ]; then kill -USR1 "$PPID"; sleep 0.2; code=143; fi\nexit "${code:-0}"\n',
+    "scontrol": 'case "$*" in\n'
+                '  "show hostnames "*) tr , "\\n" < "$WORK/hosts" ;;\n'
+                '  "-o show node "*) cat "$WORK/nodes" ;;\n'
+                '  requeue*) echo "$*" >> "$WORK/requeued" ;;\n'
+                'esac\n',
+    "squeue": 'cat "$WORK/hosts"\n',
+    "sleep": 'echo "$1" >> "$WORK/sleeps"\n',
+}
+
+
+def node_line(name: str, state: str) -> str:
+    """One line of 'scontrol -o show node' as SLURM 22.05 prints it (fields trimmed)."""
+    return f"NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 CPUTot=4 State={state} ThreadsPerCore=1\n"
+
+
+def run_restarts(tmp_path: Path, exits: str, states: dict[str, str] | None = None,
+                 **job: object) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """Render a 2-node job with ``job`` fields, run it with the stubs; (result, srun argvs)."""
+    stub_dir = tmp_path / "bin"
+    stub_dir.mkdir()
+    for name, body in STUBS.items():
+        (stub_dir / name).write_text("#!/bin/bash\n" + body)
+        (stub_dir / name).chmod(0o755)
+    states = states or {"n1": "ALLOCATED", "n2": "ALLOCATED"}
+    (tmp_path / "hosts").write_text(",".join(states))
+    (tmp_path / "nodes").write_text("".join(node_line(n, s) for n, s in states.items()))
+    fields = {"name": "r", "script": "x.py", "nodes": 2, **job}
+    script = render_sbatch(JobSpec(**fields), "/jobs/r.yaml", python=PYTHON)  # type: ignore[arg-type]
+    env = {"PATH": f"{stub_dir}:/usr/bin:/bin", "WORK": str(tmp_path), "EXITS": exits, "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NUM_NODES": str(len(states)), "SLURM_JOB_NODELIST": ",".join(states)}
+    result = subprocess.run(["bash", "-s"], input=script, cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=30)
+    calls = (tmp_path / "srun.calls").read_text().split("\n")[:-1] if (tmp_path / "srun.calls").exists() else []
+    return result, [call.split("\0")[:-1] for call in calls]
+
+
+def launcher_argv(attempt: int) -> list[str]:
+    return [PYTHON, "-m", "clusterddp", "run", "/jobs/r.yaml", "--restart-count", str(attempt)]
+
+
+def test_failed_step_restarts_in_the_allocation(tmp_path: Path) -> None:
+    """restarts: 2, the first step killed (137): one restart on every healthy node, attempt 1, after 1 s."""
+    result, calls = run_restarts(tmp_path, "137,0", restarts=2)
+    assert result.returncode == 0, result.stderr
+    assert calls == [["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *launcher_argv(0)],
+                     ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                      "--nodelist=n1,n2", *launcher_argv(1)]]
+    assert (tmp_path / "sleeps").read_text() == "1\n"
+    lines = result.stderr.splitlines()
+    assert ("clusterddp: attempt 0 ended with exit status 137; left out: none; restart 1 of 2 in 1s "
+            "on 2 node(s): n1,n2") in lines
+    report = [line for line in lines if line.startswith("clusterddp: final report: ")]
+    assert len(report) == 2
+    assert report[0].startswith("clusterddp: final report: attempt 0 on 2 node(s) n1,n2: exit status 137 after ")
+    assert report[1].startswith("clusterddp: final report: attempt 1 on 2 node(s) n1,n2: exit status 0 after ")
+    assert not (tmp_path / "requeued").exists()
+
+
+def test_restarts_back_off_up_to_30_s_and_end_with_the_last_status(tmp_path: Path) -> None:
+    """Every step fails: 1 + restarts attempts, pauses 1, 2, 4 ... capped at 30 s, exit = last status."""
+    result, calls = run_restarts(tmp_path, ",".join(["1"] * 8), restarts=7)
+    assert result.returncode == 1
+    assert [call[-1] for call in calls] == [str(k) for k in range(8)]
+    assert (tmp_path / "sleeps").read_text().split() == ["1", "2", "4", "8", "16", "30", "30"]
+    assert sum(line.startswith("clusterddp: final report: ") for line in result.stderr.splitlines()) == 8
+
+
+@pytest.mark.parametrize("code", [75, 65])
+def test_preempted_or_nonfinite_step_is_never_restarted(tmp_path: Path, code: int) -> None:
+    """Exit 75 is requeued (not restarted), exit 65 ends the job with 65."""
+    result, calls = run_restarts(tmp_path, f"{code},0", restarts=3)
+    assert len(calls) == 1
+    if code == 75:
+        assert result.returncode == 0
+        assert (tmp_path / "requeued").read_text() == "requeue 7\n"
+    else:
+        assert result.returncode == 65 and not (tmp_path / "requeued").exists()
+
+
+def test_preemption_notice_then_failure_requeues_instead_of_restarting(tmp_path: Path) -> None:
+    """USR1 reaches the batch shell while the step runs, the step ends 143: requeue, no restart."""
+    result, calls = run_restarts(tmp_path, "usr1,0", restarts=3)
+    assert len(calls) == 1, result.stderr
+    assert result.returncode == 0
+    assert (tmp_path / "requeued").read_text() == "requeue 7\n"
+
+
+@pytest.mark.parametrize("state", ["DOWN+NOT_RESPONDING", "IDLE+DRAIN", "ALLOCATED+DRAIN", "MIXED+FAIL",
+                                   "DOWN", "ALLOCATED*"])
+def test_unhealthy_node_is_left_out_when_min_allows(tmp_path: Path, state: str) -> None:
+    """nodes "1:2": a down, drained, draining, failing or silent node is left out of the restart."""
+    result, calls = run_restarts(tmp_path, "137,0", {"n1": "ALLOCATED", "n2": state}, nodes="1:2", restarts=1)
+    assert result.returncode == 0, result.stderr
+    assert calls[1][:5] == ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                            "--nodelist=n1"]
+    assert (f"clusterddp: attempt 0 ended with exit status 137; left out: n2 ({state}); restart 1 of 1 in 1s "
+            "on 1 node(s): n1") in result.stderr.splitlines()
+
+
+def test_fewer_healthy_nodes_than_min_stops_with_the_failure(tmp_path: Path) -> None:
+    """nodes: 2 (MIN = 2) with one node down: one line naming it, no restart, the step's exit status."""
+    result, calls = run_restarts(tmp_path, "137,0", {"n1": "ALLOCATED", "n2": "DOWN+NOT_RESPONDING"}, restarts=2)
+    assert len(calls) == 1
+    assert result.returncode == 137
+    assert ("clusterddp: attempt 0 ended with exit status 137; not restarting: 1 healthy node(s), fewer than 2; "
+            "left out: n2 (DOWN+NOT_RESPONDING)") in result.stderr.splitlines()
+
+
+def test_no_restarts_runs_the_step_once(tmp_path: Path) -> None:
+    """restarts: 0: one attempt, its exit status, no --no-kill."""
+    result, calls = run_restarts(tmp_path, "3,0")
+    assert result.returncode == 3 and len(calls) == 1
+    script = render_sbatch(JobSpec(name="r", script="x.py", nodes=2), "/jobs/r.yaml", python=PYTHON)
+    assert "#SBATCH --no-kill" not in script
+    assert "#SBATCH --no-kill" in render_sbatch(JobSpec(name="r", script="x.py", nodes=2, restarts=1),
+                                                "/jobs/r.yaml", python=PYTHON)
+
+
+def test_node_range_renders_min_max_and_uses_the_allocation(tmp_path: Path) -> None:
+    """nodes "2:4" is '#SBATCH --nodes=2-4'; the step runs on SLURM_JOB_NUM_NODES nodes."""
+    script = render_sbatch(JobSpec(name="r", script="x.py", nodes="2:4"), "/jobs/r.yaml", python=PYTHON)
+    assert "#SBATCH --nodes=2-4" in script.splitlines()
+    assert "min_nodes=2" in script.splitlines()
+    result, calls = run_restarts(tmp_path, "0", {"n1": "ALLOCATED", "n2": "ALLOCATED", "n3": "ALLOCATED"},
+                                 nodes="2:4")
+    assert result.returncode == 0 and calls[0][:2] == ["--nodes=3", "--ntasks=3"]

@@ -133,6 +133,56 @@ def test_preemption_handler_only_sets_a_flag_and_restores_handlers() -> None:
         T.PreemptionHandler(["SIGNOPE"])
 
 
+#: A child that re-arms a PreemptionHandler after every request, says "r" when armed, and
+#: dumps its stacks on SIGUSR2 (faulthandler works while the main thread is blocked).
+_PAIRS_CHILD = r"""
+import faulthandler, os, signal, sys
+faulthandler.register(signal.SIGUSR2, all_threads=True)
+from clusterddp.train.preempt import PreemptionHandler
+while True:
+    handler = PreemptionHandler(["SIGUSR1"]).install()
+    os.write(1, b"r")
+    spins = 0
+    while not handler.requested:
+        spins += 1
+    for _ in range(2000):  # room for the second signal of the pair to land in this handler
+        spins += 1
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+"""
+
+
+@pytest.mark.slow
+def test_preemption_signal_twice_in_a_row_never_blocks_the_rank() -> None:
+    """2000 pairs of SIGUSR1 a few microseconds apart (slurmstepd's and the launcher's copy):
+    the handler always returns. With threading.Event.set() in the handler the nested second
+    handler blocked on the lock of the first, within the first 150 pairs in every trial."""
+    import random
+    import select
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _PAIRS_CHILD], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        for pair in range(2000):
+            ready, _, _ = select.select([child.stdout], [], [], 5.0)
+            if not ready:
+                os.kill(child.pid, signal.SIGUSR2)
+                time.sleep(0.5)
+                child.kill()
+                pytest.fail(f"the handler blocked after pair {pair}:\n{child.communicate()[1].decode()[-2000:]}")
+            assert os.read(child.stdout.fileno(), 1) == b"r"  # type: ignore[union-attr]
+            gap = random.random() * 40e-6
+            os.kill(child.pid, signal.SIGUSR1)
+            start = time.perf_counter()
+            while time.perf_counter() - start < gap:
+                pass
+            os.kill(child.pid, signal.SIGUSR1)
+    finally:
+        child.kill()
+        child.communicate()
+
+
 def test_preempted_exits_with_75() -> None:
     """Preempted is a SystemExit carrying EX_TEMPFAIL, so finally blocks run and no traceback."""
     exc = T.Preempted("ckpt.pt", "SIGTERM")
