@@ -120,9 +120,13 @@ def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
     options: dict[str, str | None] = {
         "job-name": q.token(job.name, where, "name"),
         "nodes": _nodes_option(job, where),
-        "ntasks-per-node": "1",
         "output": q.directive_value(default_output(job), where, "slurm.output" if slurm.output else "logs.dir"),
     }
+    low, high = node_range(job, where)
+    if low == high:
+        # Not with MIN-MAX: sbatch then sets ntasks = MIN x 1, and SLURM allocates MIN nodes even
+        # when MAX are idle (seen on 22.05); the srun step gives its own --ntasks-per-node=1.
+        options["ntasks-per-node"] = "1"
     for flag in ("partition", "account", "qos", "constraint", "mem", "time", "signal"):
         value = getattr(slurm, flag)
         if value is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import typing
 from typing import Any, Callable, Iterator, Sized
 
@@ -97,6 +98,20 @@ def default_num_workers(local_world_size: int) -> int:
     return max(0, min(8, cores // max(1, local_world_size) - 1))
 
 
+#: Signals a scheduler sends as a warning (preemption, time limit). A loader process takes
+#: none of them: SLURM delivers them to every process of the step, the loader processes
+#: included, and their default action would kill them under the trainer, which then fails
+#: on its next batch instead of finishing the step and writing its checkpoint. They end with
+#: the trainer (torch stops them, and its watchdog ends them when their parent is gone).
+LOADER_IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+def ignore_warning_signals(worker_id: int) -> None:
+    """``worker_init_fn`` of the loaders built here: see LOADER_IGNORED_SIGNALS."""
+    for sig in LOADER_IGNORED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _loader(dataset: Dataset, sampler: Sampler[int], batch_size: int, ctx: DistContext,
             drop_last: bool, num_workers: int | None, persistent_workers: bool,
             collate_fn: Callable[[list[Any]], Any] | None, seed: int) -> DataLoader:
@@ -108,7 +123,8 @@ def _loader(dataset: Dataset, sampler: Sampler[int], batch_size: int, ctx: DistC
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
                       num_workers=workers, pin_memory=ctx.device.type == "cuda",
                       persistent_workers=persistent_workers and workers > 0,
-                      collate_fn=collate_fn, generator=generator)
+                      collate_fn=collate_fn, generator=generator,
+                      worker_init_fn=ignore_warning_signals if workers > 0 else None)
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:

@@ -226,6 +226,38 @@ def test_killed_node_launcher_restarts_the_step_in_the_allocation(cluster: Slurm
           "after submit")
 
 
+def test_drained_node_is_left_out_of_the_restart_when_min_allows(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """nodes "1:2", restarts 1: node 2 drained and its launcher killed -9 after the first
+    checkpoint; the restart runs on node 1 alone (1 rank), resumes and ends COMPLETED."""
+    out = tmp_path / "out"
+    job = write_job(tmp_path, "elastic", CIFAR10, cifar10_args(out, 3, 512), nodes="1:2", restarts=1,
+                    nproc_per_node=1)
+    deadline = time.monotonic() + 60  # SLURM starts a MIN-MAX job on the nodes free then: free both
+    while cluster.command("sinfo", "-h", "-N", "-o", "%T").stdout.split() != ["idle", "idle"]:
+        assert time.monotonic() < deadline, cluster.command("sinfo", "-N").stdout
+        time.sleep(0.2)
+    started = time.monotonic()
+    job_id = submit(cluster, job)
+    wait_for_file(out / "checkpoints" / "last.pt", job, job_id)
+    assert cluster.job(job_id)["NodeList"] == "cdslurm[1-2]"
+    try:
+        cluster.command("scontrol", "update", "nodename=cdslurm2", "state=drain", "reason=clusterddp-test")
+        os.kill(launcher_pid(cluster, cluster.nodes[1], job), signal.SIGKILL)
+        killed = time.monotonic()
+        info = cluster.wait_state(job_id, DONE, timeout=300)
+    finally:
+        cluster.command("scontrol", "update", "nodename=cdslurm2", "state=resume")
+    log = batch_log(job, job_id)
+    assert info["JobState"] == "COMPLETED", log
+    assert re.search(r"clusterddp: attempt 0 ended with exit status \d+; left out: cdslurm2 \((MIXED|ALLOCATED|IDLE)"
+                     r"\+DRAIN\); restart 1 of 1 in 1s on 1 node\(s\): cdslurm1\n", log), log
+    assert re.search(r"clusterddp: final report: attempt 1 on 1 node\(s\) cdslurm1: exit status 0 after", log), log
+    assert re.search(r"\] CIFAR-10 not found .* 1 rank\(s\) on cpu", log), log
+    assert re.search(r"\] resumed from .* at epoch \d+ step \d+\n", log), log
+    assert cluster.wait_clean(15) == {}
+    print(f"drained node left out: kill to COMPLETED {time.monotonic() - killed:.1f}s, job {time.monotonic() - started:.1f}s")
+
+
 def test_run_in_a_hand_written_batch_script_fans_out(cluster: SlurmCluster, tmp_path: Path) -> None:
     """'clusterddp run JOB' called directly in an sbatch script relaunches itself once per node with srun."""
     job = write_job(tmp_path, "direct", REPO / "jobs" / "hello.py")

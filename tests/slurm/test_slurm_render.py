@@ -281,9 +281,12 @@ def test_no_restarts_runs_the_step_once(tmp_path: Path) -> None:
 
 
 def test_node_range_renders_min_max_and_uses_the_allocation(tmp_path: Path) -> None:
-    """nodes "2:4" is '#SBATCH --nodes=2-4'; the step runs on SLURM_JOB_NUM_NODES nodes."""
+    """nodes "2:4" is '#SBATCH --nodes=2-4' without --ntasks-per-node (with it sbatch asks for MIN
+    tasks and SLURM 22.05 allocates MIN nodes even when MAX are idle); the step runs on
+    SLURM_JOB_NUM_NODES nodes."""
     script = render_sbatch(JobSpec(name="r", script="x.py", nodes="2:4"), "/jobs/r.yaml", python=PYTHON)
     assert "#SBATCH --nodes=2-4" in script.splitlines()
+    assert "#SBATCH --ntasks-per-node" not in script
     assert "min_nodes=2" in script.splitlines()
     result, calls = run_restarts(tmp_path, "0", {"n1": "ALLOCATED", "n2": "ALLOCATED", "n3": "ALLOCATED"},
                                  nodes="2:4")

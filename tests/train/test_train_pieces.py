@@ -444,3 +444,23 @@ def test_checkpoint_with_a_non_finite_weight_is_refused_and_not_written(tmp_path
     with pytest.raises(T.NonFiniteWeightsError, match="rank\\(s\\) 0 hold NaN or infinite"):
         T.save_checkpoint(tmp_path / "bad.pt", ctx, model=model)
     assert [p.name for p in tmp_path.iterdir()] == ["ok.pt"]
+
+
+@pytest.mark.slow
+def test_loader_processes_outlive_the_schedulers_warning_signals() -> None:
+    """SIGUSR1, SIGUSR2 and SIGTERM to the loader processes (SLURM signals every process of the
+    step) kill none of them: the epoch's batches all arrive (the trainer can finish its step
+    and checkpoint). Without the loader's worker_init_fn the first signal kills a loader process
+    and the next batch raises."""
+    data = TensorDataset(torch.arange(64).float())
+    loader = T.make_train_loader(data, 4, single(), num_workers=2, shuffle=False)
+    iterator = iter(loader)
+    seen = [next(iterator)[0]]
+    pids = [worker.pid for worker in iterator._workers]  # type: ignore[attr-defined]
+    time.sleep(1.0)  # every loader process past its start (worker_init_fn has run)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        for pid in pids:
+            os.kill(pid, sig)
+    time.sleep(0.3)
+    seen.extend(batch[0] for batch in iterator)
+    assert torch.equal(torch.cat(seen), torch.arange(64).float())
