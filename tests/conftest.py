@@ -16,28 +16,6 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "tests" / "bin"
 
 
-def _use_this_checkouts_templates() -> None:
-    """Git worktrees may share one editable install, whose finder maps ``clusterddp.templates``
-    to the worktree it was made from (``clusterddp`` itself comes from the current directory):
-    load this checkout's ``templates/`` instead, so the renderers under test use their own."""
-    import importlib.util
-
-    init = REPO / "templates" / "__init__.py"
-    found = importlib.util.find_spec("clusterddp.templates")
-    if found is None or found.origin is None or Path(found.origin).resolve() == init or not init.is_file():
-        return
-    spec = importlib.util.spec_from_file_location("clusterddp.templates", init,
-                                                  submodule_search_locations=[str(init.parent)])
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["clusterddp.templates"] = module
-    spec.loader.exec_module(module)
-
-
-_use_this_checkouts_templates()
-
-
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment the launcher runs with in tests: no inherited placement variables."""
     env = {k: v for k, v in os.environ.items()
