@@ -27,7 +27,7 @@ from clusterddp.schedulers import quoting as q
 from clusterddp.sections.openpai import IDENTIFIER_PATTERN, JOB_NAME_PATTERN
 from clusterddp.spec import JobSpec
 from clusterddp.templates import load_template
-from clusterddp.validate import one_line_problem, parse_node_range, shown, text_problem
+from clusterddp.validate import one_line_problem, shown, text_problem
 
 TEMPLATE = "openpai.yaml"
 #: Strings that may stay unquoted: no YAML indicator, no ': ', no '#', no ',' (flow maps).
@@ -110,10 +110,7 @@ def _instances(job: JobSpec, where: str) -> str:
     (``completion.minSucceededInstances`` only says when a job has succeeded). ``"N:N"`` is N.
     """
     line = job.key_lines.get("nodes")
-    try:
-        low, high = parse_node_range(job.nodes)
-    except ValueError as exc:
-        raise JobSpecError(where, line, "nodes", str(exc)) from None
+    low, high = q.node_range(job, where)
     if low != high:
         raise JobSpecError(where, line, "nodes", f"{shown(job.nodes)}: OpenPAI runs a fixed number of instances "
                            "per task role, all started together, on every retry too",

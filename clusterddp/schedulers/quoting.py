@@ -19,8 +19,9 @@ import re
 import shlex
 
 from clusterddp.errors import JobSpecError
+from clusterddp.spec import JobSpec
 from clusterddp.validate import (ECHO_CHARS, MAX_VALUE_CHARS, control_problem, env_name_problem, is_control, one_line_problem,
-                                 shown, text_problem, token_problem)
+                                 parse_node_range, shown, text_problem, token_problem)
 
 #: Directive values written bare: nothing sbatch's parser or getopt would read differently.
 DIRECTIVE_PLAIN = re.compile(r"[A-Za-z0-9_.,:/%@+=&^~-]+")
@@ -39,6 +40,14 @@ def place(job_source: str | None, job_path: str) -> str:
 
 def fail(where: str, key: str, problem: str, hint: str | None = None) -> JobSpecError:
     return JobSpecError(where, None, key, problem, hint)
+
+
+def node_range(job: JobSpec, where: str) -> tuple[int, int]:
+    """``nodes`` as (MIN, MAX), checked again here: a JobSpec built by hand was never loaded."""
+    try:
+        return parse_node_range(job.nodes)
+    except ValueError as exc:
+        raise JobSpecError(where, job.key_lines.get("nodes"), "nodes", str(exc)) from None
 
 
 def directive_value(value: object, where: str, key: str) -> str:

@@ -30,7 +30,7 @@ from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.templates import load_template
-from clusterddp.validate import MAX_COUNT, parse_node_range, shown
+from clusterddp.validate import MAX_COUNT, shown
 
 TEMPLATE = "slurm.sbatch"
 
@@ -50,7 +50,7 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
     slurm = job.slurm
     job_word = q.path_word(job_path, where, "job file path")
     interpreter = python or job.python or sys.executable
-    low, high = node_range(job, where)
+    low, high = q.node_range(job, where)
     srun = ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if slurm.cpus_per_task is not None:
         # srun 22.05-23.02 does not inherit --cpus-per-task; the one launcher task needs them all.
@@ -82,14 +82,6 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
 
 
-def node_range(job: JobSpec, where: str = "<job>") -> tuple[int, int]:
-    """``nodes`` as (MIN, MAX), checked here too: a JobSpec built by hand was never loaded."""
-    try:
-        return parse_node_range(job.nodes)
-    except ValueError as exc:
-        raise q.fail(where, "nodes", str(exc)) from None
-
-
 def _setup(job: JobSpec, where: str) -> str:
     lines = [q.setup_line(line, where, f"slurm.setup[{i}]") + "\n" for i, line in enumerate(job.slurm.setup)]
     if not lines:
@@ -117,12 +109,14 @@ def default_output(job: JobSpec) -> str:
 def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
     """The ``#SBATCH`` lines, sorted by flag, then the job's extra lines in their order."""
     slurm = job.slurm
+    low, high = q.node_range(job, where)
     options: dict[str, str | None] = {
         "job-name": q.token(job.name, where, "name"),
-        "nodes": _nodes_option(job, where),
+        # MIN-MAX: SLURM allocates as many nodes as it can start the job with, and the step
+        # runs on those (SLURM_JOB_NUM_NODES).
+        "nodes": str(low) if low == high else f"{low}-{high}",
         "output": q.directive_value(default_output(job), where, "slurm.output" if slurm.output else "logs.dir"),
     }
-    low, high = node_range(job, where)
     if low == high:
         # Not with MIN-MAX: sbatch then sets ntasks = MIN x 1, and SLURM allocates MIN nodes even
         # when MAX are idle (seen on 22.05); the srun step gives its own --ntasks-per-node=1.
@@ -158,13 +152,6 @@ def sbatch_options(job: JobSpec, where: str = "<job>") -> list[str]:
                          "list the variables in env_passthrough instead")
         lines.append(f"#SBATCH {directive}")
     return lines
-
-
-def _nodes_option(job: JobSpec, where: str) -> str:
-    """``--nodes=N``, or ``--nodes=MIN-MAX`` for ``nodes: "MIN:MAX"`` (SLURM allocates as many
-    as it can start the job with, and the step runs on those: SLURM_JOB_NUM_NODES)."""
-    low, high = node_range(job, where)
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _plain_value(value: str, where: str, key: str) -> str:
