@@ -153,9 +153,10 @@ def _node_workers(raw: str) -> tuple[int, ...]:
     if len(parts) > validate.MAX_NODES or not all(validate.INTEGER_TEXT.fullmatch(p) for p in parts):
         raise _Problem(f"expected worker counts like 2,1,1, got {validate.shown(raw)}")
     counts = tuple(int(p) for p in parts)
-    problem = next((validate.workers_problem(c) for c in counts if validate.workers_problem(c)), None)
-    if problem:
-        raise _Problem(problem)
+    for count in counts:
+        problem = validate.workers_problem(count)
+        if problem:
+            raise _Problem(problem)
     return counts
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 #: A remote launcher's last stdout line: its exit code, host, root cause and stop reason.
@@ -64,6 +65,13 @@ DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
 
 
 # -- lines on a remote launcher's stdout -------------------------------------------------------
+
+def restart_marker(attempt: int) -> bytes:
+    """The line between attempts in a log a restart appends to (a rank's, the head's copy of a
+    host's): ``--- clusterddp: restart K (TORCHELASTIC_RESTART_COUNT=K) at <time> ---``."""
+    return (f"--- clusterddp: restart {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}) at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n").encode()
+
 
 def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None, reason: str | None) -> str:
     """The ``CLUSTERDDP_RESULT`` line a launcher started by the head prints at its end."""

@@ -12,8 +12,7 @@ from typing import Sequence
 from clusterddp import exitcodes
 from clusterddp.launch.report import WorkerExit
 
-#: Exits a restart cannot fix, and the longest pause between restarts (clusterddp.exitcodes).
-NOT_RESTARTED = exitcodes.NOT_RESTARTED
+#: The longest pause between restarts (clusterddp.exitcodes, shared with every restarter).
 MAX_BACKOFF = exitcodes.MAX_BACKOFF
 
 
@@ -28,7 +27,7 @@ class RestartPolicy:
         (``restarts_done`` restarts so far, first failure ``root``) is the last one: it
         succeeded, the launcher is stopping, the restarts are used up, or the exit is one a
         restart cannot fix."""
-        if root is None or stopping or restarts_done >= self.restarts or root.exit_code in NOT_RESTARTED:
+        if root is None or stopping or restarts_done >= self.restarts or root.exit_code in exitcodes.NOT_RESTARTED:
             return None
         return backoff_seconds(restarts_done)
 

@@ -21,7 +21,7 @@ from clusterddp.launch import procs
 from clusterddp.launch.cgroup import JobCgroup
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.report import WorkerExit, read_error_file
-from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV
+from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV, restart_marker
 
 #: Teardown ends at most this long after the grace period that follows the first SIGTERM
 #: (everything SIGKILLed, reaped, the cgroup removed, the pipes drained).
@@ -273,12 +273,12 @@ def _wait_workers(workers: list[Worker], deadline: float) -> None:
             pass
 
 
+
 def _mark_attempt(log: str, attempt: int) -> None:
-    """One line between attempts in a rank's log (a restart appends to the same file), so the
-    log reads as attempts, each from its start; a log that cannot be written is no failure."""
-    line = f"--- clusterddp: restart {attempt} (TORCHELASTIC_RESTART_COUNT={attempt}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+    """The restart marker between attempts in a rank's log (a restart appends to the same
+    file); a log that cannot be written is no failure."""
     try:
         with open(log, "ab") as handle:
-            handle.write(line.encode())
+            handle.write(restart_marker(attempt))
     except OSError:
         pass

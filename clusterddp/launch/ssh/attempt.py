@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.launch.ssh.attempts import choose_hosts, start_line, too_few
@@ -22,6 +22,7 @@ from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightEr
 from clusterddp.launch.ssh.remote_command import LaunchPlan, launcher_argv, launcher_env
 from clusterddp.spec import JobSpec
 from clusterddp.topology import choose_port, count_workers, is_loopback
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -65,29 +66,29 @@ def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[st
     port are part of the probe)."""
     candidates = [h for h in launch.hosts if h.name not in dead]
     started = time.monotonic()
-    for _ in range(2):
-        master_addr = launch.master_addr or _address_of(candidates[0]) if candidates else launch.master_addr
-        port = master_port(launch, number)
-        sessions = probe(launch, candidates, master_addr or "", port)
-        selection = choose_hosts([(s.host.name, s, s.problems) for s in sessions], launch.high)
-        chosen: list[HostSession] = selection.chosen
-        if not launch.job.elastic:
-            raise_problems(sessions)  # a fixed node count: every host or none
-        problem = too_few(len(chosen), launch.low, launch.high)
-        if problem is not None:
-            for session in sessions:
-                session.close()
-            problems = {**{name: [why] for name, why in dead.items()},
-                        **{s.label: s.problems for s in sessions if s.problems}}
-            raise PreflightError(problems, len(launch.hosts), [problem])
-        if launch.master_addr or not chosen or chosen[0] is sessions[0]:
-            break
-        for session in sessions:  # node 0 changed: probe the chosen hosts against it
-            session.close()
-        candidates = [s.host for s in chosen]
-    for session in sessions:
-        if session not in chosen:
-            session.close()
+    sessions: list[HostSession] = []
+    try:
+        for _ in range(2):
+            master_addr = launch.master_addr or (_address_of(candidates[0]) if candidates else None)
+            port = master_port(launch, number)
+            sessions = probe(launch, candidates, master_addr or "", port)
+            selection = choose_hosts([(s.host.name, s, s.problems) for s in sessions], launch.high)
+            chosen: list[HostSession] = selection.chosen
+            if not launch.job.elastic:
+                raise_problems(sessions)  # a fixed node count: every host or none
+            problem = too_few(len(chosen), launch.low, launch.high)
+            if problem is not None:
+                problems = {**{name: [why] for name, why in dead.items()},
+                            **{s.label: s.problems for s in sessions if s.problems}}
+                raise PreflightError(problems, len(launch.hosts), [problem])
+            if launch.master_addr or not chosen or chosen[0] is sessions[0]:
+                break
+            _close(sessions)  # node 0 changed: probe the chosen hosts against it
+            candidates = [s.host for s in chosen]
+    except BaseException:
+        _close(sessions)  # their stubs see EOF and exit, nothing started
+        raise
+    _close(s for s in sessions if s not in chosen)
     for node_rank, session in enumerate(chosen):
         session.node_rank = node_rank
     plans = plan_launchers(launch, chosen, master_addr or "", port, number)
@@ -100,6 +101,18 @@ def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[st
     return Start(chosen, plans, master_addr or "", port)
 
 
+def _close(sessions: Iterable[HostSession]) -> None:
+    for session in sessions:
+        session.close()
+
+
+def refuse_loopback(master_addr: str | None, hosts: int) -> None:
+    """A loopback master is reachable from its own host only: one line before anything starts."""
+    if hosts > 1 and is_loopback(master_addr):
+        raise RemoteError(f"master address {master_addr} is loopback, but the job spans {hosts} hosts",
+                          "set master.addr to an address the other hosts can reach")
+
+
 def master_port(launch: Launch, number: int) -> int:
     """The master port: the user's, else derived from the run id; a restart derives a new one,
     so no socket of the last attempt (TIME_WAIT, a slow exit) can be in the way."""
@@ -109,9 +122,7 @@ def master_port(launch: Launch, number: int) -> int:
 
 def probe(launch: Launch, hosts: Sequence[Host], master_addr: str, master_port: int) -> list[HostSession]:
     """Connect to and probe every host in parallel; each host's problems are in its session."""
-    if len(hosts) > 1 and is_loopback(master_addr):
-        raise RemoteError(f"master address {master_addr} is loopback, but the job spans {len(hosts)} hosts",
-                          "set master.addr to an address the other hosts can reach")
+    refuse_loopback(master_addr, min(len(hosts), launch.high))
 
     def request(node_rank: int, host: Host) -> dict[str, Any]:
         return {"cwd": launch.cwd, "env": launch.base_env, "master_addr": master_addr, "master_port": master_port,
@@ -136,7 +147,7 @@ def probe(launch: Launch, hosts: Sequence[Host], master_addr: str, master_port: 
 
 
 def plan_launchers(launch: Launch, sessions: Sequence[HostSession], master_addr: str, master_port: int,
-           number: int) -> list[LaunchPlan]:
+                   number: int) -> list[LaunchPlan]:
     """One plan per chosen host. Hosts may run different numbers of workers (slots): each
     launcher then gets every node's count (``--workers-per-node``), and global ranks are
     their prefix sums in node-rank order, as torch elastic assigns them."""

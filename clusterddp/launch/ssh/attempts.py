@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, Sequence, TypeVar
 
-from clusterddp.launch.restart import NOT_RESTARTED, backoff_seconds
+from clusterddp.exitcodes import NOT_RESTARTED
+from clusterddp.launch.restart import backoff_seconds
 
 S = TypeVar("S")
 

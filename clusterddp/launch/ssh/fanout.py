@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Callable, Mapping, Sequence
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
 from clusterddp.launch.run import RunOptions
-from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare
+from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, refuse_loopback
 from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
@@ -30,11 +30,11 @@ from clusterddp.launch.ssh.options import FanoutOptions
 from clusterddp.launch.ssh.preflight import PreflightError
 from clusterddp.launch.ssh.relay import Outcome, Relay
 from clusterddp.launch.ssh.remote_command import forwarded_env
-from clusterddp.launch.ssh.summary import format_outcome, launcher_end
-from clusterddp.protocol import STACKS_REQUEST_SIGNAL, write_launcher_file
+from clusterddp.launch.ssh.summary import format_outcome, host_failure
+from clusterddp.protocol import STACKS_REQUEST_SIGNAL, restart_marker, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
-from clusterddp.topology import default_run_id, is_loopback
+from clusterddp.topology import default_run_id
 
 __all__ = ["FanoutOptions", "fanout_options", "head_launch_env", "run_fanout"]
 
@@ -76,9 +76,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys)
     run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
     master_addr = options.master_addr or job.master.addr
-    if min(high, len(hosts)) > 1 and is_loopback(master_addr):
-        raise RemoteError(f"master address {master_addr} is loopback, but the job spans {min(high, len(hosts))} hosts",
-                          "set master.addr to an address the other hosts can reach")
+    refuse_loopback(master_addr, min(high, len(hosts)))  # before any connection: the user's address
     head_env = dict(os.environ if options.head_env is None else options.head_env)
     target, paths = _target(job, options)
     launch = Launch(job=job, options=options, hosts=hosts, settings=settings, run_id=run_id,
@@ -155,15 +153,8 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None]) -> int:
 
 def _failure(outcome: Outcome) -> str | None:
     """``cdssh4: connection lost (...)``, the first failure of an attempt, for its report line."""
-    root = outcome.root
-    if root is not None:
-        cause = (root.result or {}).get("root_cause")
-        if root.lost:
-            return f"{root.name}: {root.lost}"
-        if cause:
-            how = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
-            return f"{root.name}: rank {cause.get('rank')} {how}"
-        return f"{root.name}: {launcher_end(root)}"
+    if outcome.root is not None:
+        return f"{outcome.root.name}: {host_failure(outcome.root)}"
     if outcome.exit_code != 0:
         return outcome.stop_reason or "a host failed"
     return None
@@ -209,8 +200,7 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
                  for s, p in zip(start.sessions, start.plans)]
     if number:
         for launcher in launchers:
-            launcher.log.write(f"--- clusterddp: restart {number} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ---\n"
-                               .encode())
+            launcher.log.write(restart_marker(number))
     write_launcher_file(log_dir, socket.gethostname(), launch.run_id,
                         list(range(sum(p.nproc for p in start.plans))), hosts=[p.host for p in start.plans])
     relay = Relay(launchers, launch.out, err, launch.settings, grace_period=job.grace_period,

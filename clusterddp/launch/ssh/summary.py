@@ -12,7 +12,7 @@ def format_outcome(job_name: str, outcome: Outcome) -> str:
     root = outcome.root
     lines: list[str] = []
     if root is not None:
-        lines.append(f"clusterddp: job '{job_name}' failed on {root.name}: {_what(root)}")
+        lines.append(f"clusterddp: job '{job_name}' failed on {root.name}: {host_failure(root)}")
         lines.append("  root cause (first failure across hosts):")
         lines.append(f"    host:       {root.name} ({root.session.host.address}), node rank {root.plan.node_rank}")
         cause = (root.result or {}).get("root_cause")
@@ -37,18 +37,14 @@ def format_outcome(job_name: str, outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
-def _what(launcher: RemoteLauncher) -> str:
+def host_failure(launcher: RemoteLauncher) -> str:
+    """Why a host counts as failed: its lost link, its first rank's exit, or its launcher's."""
     if launcher.lost:
         return launcher.lost
     cause = (launcher.result or {}).get("root_cause")
     if cause:
         outcome = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
         return f"rank {cause.get('rank')} {outcome}"
-    return launcher_end(launcher)
-
-
-def launcher_end(launcher: RemoteLauncher) -> str:
-    """How a host's launcher ended, when no rank is to blame."""
     reason = (launcher.result or {}).get("reason")
     if launcher.exit_code is None:
         return reason or "still stopping"
@@ -68,4 +64,4 @@ def _state(launcher: RemoteLauncher) -> str:
     cause = (launcher.result or {}).get("root_cause")
     if launcher.eof_sent and not (cause and not cause.get("stopped_by_us")):
         return f"stopped by clusterddp (exit {code})"
-    return f"failed: {_what(launcher)}"
+    return f"failed: {host_failure(launcher)}"
