@@ -1,7 +1,8 @@
 """The restart policy of the local group, and the launcher's exit code: pure, plain data in.
 
-``restarts: N`` restarts this node's group after a failure, with an exponential backoff
-(1 s, 2 s, 4 s, ... up to MAX_BACKOFF), except for exits a restart cannot fix.
+``restarts: N`` restarts this node's group after a failure (a worker's non-zero exit, or a
+hang: exitcodes.HANG, as the SSH head restarts the whole job after one), with an exponential
+backoff (1 s, 2 s, 4 s, ... up to MAX_BACKOFF), except for exits a restart cannot fix.
 """
 
 from __future__ import annotations
@@ -22,14 +23,36 @@ class RestartPolicy:
 
     restarts: int = 0
 
-    def backoff(self, restarts_done: int, root: WorkerExit | None, stopping: bool) -> float | None:
+    def backoff(self, restarts_done: int, failure: int | None, stopping: bool) -> float | None:
         """Seconds to wait before the next restart, or None when the attempt that just ended
-        (``restarts_done`` restarts so far, first failure ``root``) is the last one: it
+        (``restarts_done`` restarts so far; ``failure``: the exit code its failure gives, the
+        first failed worker's or exitcodes.HANG, None when nothing failed) is the last one: it
         succeeded, the launcher is stopping, the restarts are used up, or the exit is one a
         restart cannot fix."""
-        if root is None or stopping or restarts_done >= self.restarts or root.exit_code in exitcodes.NOT_RESTARTED:
+        if failure is None or stopping or restarts_done >= self.restarts or failure in exitcodes.NOT_RESTARTED:
             return None
         return backoff_seconds(restarts_done)
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one start of this node's group ended, for the lines printed after restarts (the
+    same shape as the SSH head's ``attempts.Attempt`` lines)."""
+
+    #: 0 for the first start; TORCHELASTIC_RESTART_COUNT of its workers (less first_attempt).
+    number: int
+    ranks: int
+    host: str
+    exit_code: int
+    #: ``rank 1 on node1 exit code 3``, or the hang's reason: the first failure, if any.
+    failure: str | None
+    seconds: float
+
+    def line(self) -> str:
+        """``attempt 1: 2 rank(s) on node1: exit 124 after 3.1s; first failure hang: ...``"""
+        how = "finished" if self.exit_code == 0 else f"exit {self.exit_code}"
+        text = f"attempt {self.number + 1}: {self.ranks} rank(s) on {self.host}: {how} after {self.seconds:.1f}s"
+        return text + (f"; first failure {self.failure}" if self.failure else "")
 
 
 def backoff_seconds(restarts_done: int) -> float:

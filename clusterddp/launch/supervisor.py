@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.report import WorkerExit, format_report
-from clusterddp.launch.restart import RestartPolicy, exit_code
+from clusterddp.launch.restart import AttemptEnd, RestartPolicy, exit_code
 from clusterddp.launch.waker import Waker
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
@@ -73,7 +74,8 @@ class LocalSupervisor:
         self._stop_reason: str | None = None
         self._stop_signal: int | None = None
         self._stacks_requested = False
-        self._hang = False
+        #: Why the current attempt was found hung (None: it was not); reset by every attempt.
+        self._hang_reason: str | None = None
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
@@ -83,16 +85,20 @@ class LocalSupervisor:
         if self._watch is not None:
             self._watch.start()
         try:
-            code, exits, root = self._run_with_restarts()
+            code, exits, root, attempts = self._run_with_restarts()
         finally:
             self._restore_signal_handlers(previous)
             self.group.close()
-        report = format_report(self.options.job_name, exits, root,
-                               self._stop_reason if code != 0 else None)
+        reason = self._hang_reason or self._stop_reason
+        report = format_report(self.options.job_name, exits, root, reason if code != 0 else None)
         if report:
             self.console.say(report)
+        if len(attempts) > 1:
+            self.console.say(f"clusterddp: {len(attempts)} attempts:")
+            for attempt in attempts:
+                self.console.say(f"clusterddp:   {attempt.line()}")
         if self.options.report_json:
-            self._emit(result_line(code, self.topology.host, root.to_json() if root else None, self._stop_reason))
+            self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason))
         self.console.settle()
         return code
 
@@ -113,26 +119,55 @@ class LocalSupervisor:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def _run_with_restarts(self) -> tuple[int, list[WorkerExit], WorkerExit | None]:
-        attempt = 0
+    def _run_with_restarts(self) -> tuple[int, list[WorkerExit], WorkerExit | None, list[AttemptEnd]]:
+        """Attempts until one succeeds, the restarts are used up, or we are told to stop.
+
+        A failure is a worker's non-zero exit or a hang (exit 124): both are restarted, as the
+        SSH head restarts the whole job after either.
+        """
+        attempts: list[AttemptEnd] = []
         while True:
-            exits, root = self._run_once(attempt)
-            if root is None and self._stop_reason is None:
-                return 0, exits, None
-            backoff = self.policy.backoff(attempt, root, stopping=self._stop_reason is not None)
-            if root is None or backoff is None:
-                return self._code(root, exits), exits, root
-            attempt += 1
-            self.console.say(f"clusterddp: rank {root.rank} on {root.host} {root.outcome()}; restarting the "
-                             f"local group in {backoff:.0f}s (restart {attempt} of {self.options.restarts})")
-            if self._wake.wait(backoff) and self._stop_reason is not None:
-                return self._code(root, exits), exits, root
+            number = len(attempts)
+            began = time.monotonic()
+            exits, root = self._run_once(number)
+            failed = root is not None or self._hang_reason is not None
+            code = self._code(root, exits) if failed or self._stop_reason is not None else 0
+            cause = self._hang_reason or (f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
+            attempts.append(AttemptEnd(number, len(self.plans), self.topology.host, code,
+                                       cause or (self._stop_reason if code else None), time.monotonic() - began))
+            backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
+            if backoff is None:
+                return code, exits, root, attempts
+            self.console.say(f"clusterddp: {cause}; restarting the local group in {backoff:.0f}s "
+                             f"(restart {number + 1} of {self.options.restarts})")
+            if self._pause(backoff):
+                name = signal.Signals(self._stop_signal).name if self._stop_signal else None
+                self.console.say(f"clusterddp: {name or self._stop_reason} before the restart: not restarting")
+                # Stopped while nothing ran: the launcher's own stop decides the code (128+N).
+                return exit_code(None, [], False, self._stop_signal), exits, root, attempts
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait out the backoff before a restart; True when told to stop meanwhile (at once).
+
+        Whatever else wakes the loop (the SIGCHLD of the workers just torn down, a stacks
+        request, answered by the next attempt's ranks) does not shorten the wait.
+        """
+        deadline = time.monotonic() + seconds
+        while self._stop_reason is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._watch is not None:
+                self._watch.check()
+            self._wake.wait(min(left, 0.5))
             self._wake.clear()
+        return True
 
     def _code(self, root: WorkerExit | None, exits: list[WorkerExit]) -> int:
-        return exit_code(root, exits, self._hang, self._stop_signal)
+        return exit_code(root, exits, self._hang_reason is not None, self._stop_signal)
 
     def _run_once(self, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
+        self._hang_reason = None
         self.group.new_attempt()
         self.hooks.new_attempt()
         try:
@@ -148,7 +183,7 @@ class LocalSupervisor:
     def _supervise(self) -> WorkerExit | None:
         """Wait until all succeed (None) or the first failure (returned) or a stop request."""
         while True:
-            if self._stop_reason is not None:
+            if self._stop_reason is not None or self._hang_reason is not None:
                 return None
             failed = self.group.poll()
             if failed:
@@ -166,10 +201,12 @@ class LocalSupervisor:
             self._wake.clear()
 
     def _check_hang(self) -> None:
+        """A hang ends this attempt as a failure (exit 124), to be restarted like any other;
+        unlike a stop request, it does not end the launcher."""
         reason = self.hooks.hang(self.group.states())
         if reason is not None:
-            self._hang = True
-            self.request_stop(reason)
+            self._hang_reason = reason
+            self._wake.set()
 
     # -- signals --------------------------------------------------------------------------------
 

@@ -25,10 +25,11 @@ def _exit(returncode: int, rank: int = 0) -> WorkerExit:
     (3, 0, exitcodes.PREEMPTED, False, None),        # the scheduler requeues
     (3, 0, exitcodes.NONFINITE_LOSS, False, None),   # same state, same NaN
     (100, 10, 1, False, MAX_BACKOFF),                # the backoff is capped
+    (1, 0, exitcodes.HANG, False, 1.0),              # a hang is a failure, restarted too
 ])
 def test_backoff(restarts: int, done: int, returncode: int, stopping: bool, expected: float | None) -> None:
     """Restart after 2**n seconds (capped) until the restarts are used up, never for 75, 65 or a stop."""
-    assert RestartPolicy(restarts).backoff(done, _exit(returncode), stopping) == expected
+    assert RestartPolicy(restarts).backoff(done, _exit(returncode).exit_code, stopping) == expected
 
 
 def test_success_is_never_restarted() -> None:
