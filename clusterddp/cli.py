@@ -20,14 +20,14 @@ from clusterddp import __version__, validate
 from clusterddp.affinity import MODES as AFFINITY_MODES
 from clusterddp.errors import ClusterDDPError
 
+from clusterddp.schedulers import ACTIONS as SCHEDULER_ACTIONS
+from clusterddp.schedulers import SCHEDULERS
+
 if TYPE_CHECKING:  # imported lazily at run time: `clusterddp --help` should not pay for YAML
-    from clusterddp.schedulers.openpai import OpenPAIOptions
-    from clusterddp.schedulers.slurm import SlurmOptions
+    from clusterddp.schedulers.api import Scheduler
     from clusterddp.spec import JobSpec
 
 _Options = TypeVar("_Options")
-
-SCHEDULER_ACTIONS = ("render", "submit", "status", "stop")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="machine-readable output")
     _add_placement_flags(env)
 
+    _add_tool_commands(sub)
+    _add_scheduler_commands(sub)
+    return parser
+
+
+def _add_tool_commands(sub: Any) -> None:
+    """``stacks`` and ``doctor``: the diagnostics beside ``run``."""
     stacks = sub.add_parser("stacks", help="dump every worker's Python stack of a running job")
     stacks.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
     stacks.add_argument("--log-dir", default="logs")
@@ -325,10 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--slow-fraction",
                         help="flag a node below this fraction of the others' median (default 0.5)")
 
+
+def _add_scheduler_commands(sub: Any) -> None:
+    """``clusterddp ACTION SCHEDULER ...``: the scheduler's own flags are parsed later, from its
+    ``Flag`` rows (``scheduler_options``), so only its name is read here."""
+    names = list(SCHEDULERS)
     for action in SCHEDULER_ACTIONS:
-        p = sub.add_parser(action, help=f"{action} the job on a scheduler (slurm, openpai)", add_help=False)
-        p.add_argument("scheduler", help="slurm or openpai")
-    return parser
+        what = "follow the job's logs" if action == "logs" else f"{action} the job"
+        p = sub.add_parser(action, help=f"{what} on a scheduler ({', '.join(names)})", add_help=False)
+        p.add_argument("scheduler", help=" or ".join(names))
 
 
 class _SchedulerParser(argparse.ArgumentParser):
@@ -339,60 +351,36 @@ class _SchedulerParser(argparse.ArgumentParser):
         raise ClusterDDPError(f"{self.prog}: {message}", f"see '{self.prog} --help'")
 
 
-def scheduler_options(action: str, scheduler: str, argv: Sequence[str]) -> SlurmOptions | OpenPAIOptions:
+def scheduler_options(action: str, name: str, argv: Sequence[str]) -> Any:
     """``clusterddp ACTION SCHEDULER ...``: the scheduler's flags, parsed here, as its options.
 
     An unknown scheduler, then an action it does not have, is refused before any flag is read.
     """
     from clusterddp.schedulers import get_scheduler
 
-    get_scheduler(scheduler).check_action(action)
-    if scheduler == "slurm":
-        from clusterddp.schedulers.slurm import SlurmOptions
-
-        return options_from(SlurmOptions, _slurm_parser(action).parse_args(argv), action=action)
-    from clusterddp.schedulers.openpai import OpenPAIOptions
-
-    return options_from(OpenPAIOptions, _openpai_parser(action).parse_args(argv), action=action)
+    scheduler = get_scheduler(name)
+    scheduler.check_action(action)
+    return scheduler.options(action, vars(scheduler_parser(scheduler, action).parse_args(argv)))
 
 
-def _slurm_parser(action: str) -> argparse.ArgumentParser:
-    parser = _SchedulerParser(prog=f"clusterddp {action} slurm",
-                              description="Render the job file as an sbatch script"
-                              + (" and submit it with sbatch." if action == "submit" else "."))
-    parser.add_argument("job", help="job file (jobs/*.yaml)")
-    parser.add_argument("--python", help="interpreter on the compute nodes (default: the job's python, else this one)")
-    if action == "render":
-        parser.add_argument("-o", "--output", help="write the script here instead of printing it")
-    else:
-        parser.add_argument("--dry-run", action="store_true", help="print the script and the sbatch command, submit nothing")
-    return parser
-
-
-def _openpai_parser(action: str) -> argparse.ArgumentParser:
-    from clusterddp.schedulers.openpai_rest import TOKEN_ENV, URL_ENV
-
-    parser = _SchedulerParser(prog=f"clusterddp {action} openpai", description={
-        "render": "Render the job file as an OpenPAI protocol-v2 job.",
-        "submit": "Render the job file and submit it to OpenPAI's REST server.",
-        "status": "Show an OpenPAI job's state.",
-        "stop": "Stop an OpenPAI job.",
-    }[action])
-    if action in ("render", "submit"):
-        parser.add_argument("job", help="job file (jobs/*.yaml), as the task finds it after the setup lines")
-        parser.add_argument("--name", help="OpenPAI job name (default: openpai.name, else the job's name)")
-    else:
-        parser.add_argument("job_id", metavar="USER~JOB", help="the id 'submit' printed")
-    if action == "render":
-        parser.add_argument("-o", "--output", help="write the spec here instead of printing it")
-        return parser
-    parser.add_argument("--url", help=f"the OpenPAI web portal, e.g. https://pai.example (or {URL_ENV})")
-    parser.add_argument("--token-file", help=f"file holding the bearer token (default: ${TOKEN_ENV})")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the server")
-    if action == "submit":
-        parser.add_argument("--dry-run", action="store_true", help="print the spec and the request, send nothing")
-    if action == "status":
-        parser.add_argument("--json", action="store_true", help="print the server's whole answer")
+def scheduler_parser(scheduler: Scheduler[Any], action: str) -> argparse.ArgumentParser:
+    """The parser of ``clusterddp ACTION SCHEDULER``, built from the scheduler's ``Flag`` rows:
+    the scheduler declares its flags as data and never sees argparse."""
+    parser = _SchedulerParser(prog=f"clusterddp {action} {scheduler.name}",
+                              description=scheduler.descriptions.get(action))
+    for flag in scheduler.flags_for(action):
+        settings: dict[str, Any] = {"help": flag.help}
+        if flag.switch:
+            settings["action"] = "store_true"
+        elif flag.convert is not None:
+            settings["type"] = flag.convert
+        if flag.default is not None:
+            settings["default"] = flag.default
+        if flag.metavar is not None:
+            settings["metavar"] = flag.metavar
+        if flag.names:
+            settings["dest"] = flag.dest
+        parser.add_argument(*(flag.names or (flag.dest,)), **settings)
     return parser
 
 

@@ -1,30 +1,42 @@
-"""Schedulers that take a rendered job: a plain dict of name -> module, imported lazily.
+"""Schedulers that take a rendered job: a registry of name -> class, imported lazily.
 
-Each module offers ``check_action(action)`` and ``main(options) -> int`` for the actions it
-supports (``render``, ``submit``, ``status``, ``stop``); the CLI parses the flags into the
-module's options dataclass. Importing the CLI imports no scheduler.
+Each scheduler is a ``clusterddp.schedulers.api.Scheduler``: its name, its actions
+(``render``, ``submit``, ``status``, ``stop``, ``logs``), its flags as data, a pure
+``render`` and the actions that talk to the platform. A new scheduler is one module and one
+line here. Importing the CLI imports no scheduler.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.validate import shown
 
-SCHEDULERS: dict[str, str] = {
-    "slurm": "clusterddp.schedulers.slurm",
-    "openpai": "clusterddp.schedulers.openpai",
+if TYPE_CHECKING:
+    from clusterddp.schedulers.api import Scheduler
+
+#: Every action a scheduler may have, in the order the CLI lists them (``api.Scheduler``).
+ACTIONS = ("render", "submit", "status", "stop", "logs")
+
+#: name -> ``"module:Class"`` (imported on first use) or the class itself.
+SCHEDULERS: dict[str, str | type[Scheduler[Any]]] = {
+    "slurm": "clusterddp.schedulers.slurm:SlurmScheduler",
+    "openpai": "clusterddp.schedulers.openpai:OpenPAIScheduler",
 }
 
 
-def get_scheduler(name: str) -> ModuleType:
-    """The scheduler module for ``name``; an error listing the known names otherwise."""
+def get_scheduler(name: str) -> Scheduler[Any]:
+    """The scheduler called ``name``; an error listing the known names otherwise."""
     if name not in SCHEDULERS:
         raise ClusterDDPError(f"unknown scheduler {name!r}; known: {', '.join(sorted(SCHEDULERS))}")
-    return importlib.import_module(SCHEDULERS[name])
+    entry = SCHEDULERS[name]
+    if isinstance(entry, str):
+        module, _, attribute = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attribute)
+    return entry()
 
 
 def write_output(path: str, text: str) -> None:

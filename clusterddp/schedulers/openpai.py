@@ -9,7 +9,6 @@ finds it after the setup lines, e.g. ``git clone ... && cd repo``). The token co
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.parse
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any, Mapping
 
 from clusterddp.errors import SubmitError
 from clusterddp.redact import scrub
-from clusterddp.schedulers import write_output
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
 from clusterddp.schedulers.openpai_render import render_openpai
 from clusterddp.schedulers.openpai_rest import (
     TOKEN_ENV,
@@ -27,12 +26,12 @@ from clusterddp.schedulers.openpai_rest import (
     environment_url,
     read_token,
 )
-from clusterddp.spec import load_job
+from clusterddp.spec import JobSpec
 from clusterddp.topology import is_loopback
 
-ACTIONS = ("render", "submit", "status", "stop")
+__all__ = ["OpenPAIOptions", "OpenPAIScheduler", "render_openpai"]
 
-__all__ = ["OpenPAIOptions", "main", "render_openpai"]
+_REMOTE = ("submit", "status", "stop")
 
 
 @dataclass(frozen=True)
@@ -58,42 +57,59 @@ class OpenPAIOptions:
     json: bool = False
 
 
-def check_action(action: str) -> None:
-    """Refuse an action openpai does not have (before any flag is read)."""
-    if action not in ACTIONS:
-        raise SubmitError(f"openpai supports {', '.join(ACTIONS)}, not {action!r}")
+class OpenPAIScheduler(Scheduler[OpenPAIOptions]):
+    """A protocol-v2 job rendered from the job file; submit, status and stop over REST."""
 
+    name = "openpai"
+    actions = ("render", "submit", "status", "stop")
+    options_type = OpenPAIOptions
+    descriptions = {
+        "render": "Render the job file as an OpenPAI protocol-v2 job.",
+        "submit": "Render the job file and submit it to OpenPAI's REST server.",
+        "status": "Show an OpenPAI job's state.",
+        "stop": "Stop an OpenPAI job.",
+    }
+    flags = (
+        Flag("job", help="job file (jobs/*.yaml), as the task finds it after the setup lines",
+             actions=("render", "submit")),
+        Flag("name", ("--name",), help="OpenPAI job name (default: openpai.name, else the job's name)",
+             actions=("render", "submit")),
+        Flag("job_id", metavar="USER~JOB", help="the id 'submit' printed", actions=("status", "stop")),
+        Flag("output", ("-o", "--output"), help="write the spec here instead of printing it", actions=("render",)),
+        Flag("url", ("--url",), help=f"the OpenPAI web portal, e.g. https://pai.example (or {URL_ENV})",
+             actions=_REMOTE),
+        Flag("token_file", ("--token-file",), help=f"file holding the bearer token (default: ${TOKEN_ENV})",
+             actions=_REMOTE),
+        Flag("timeout", ("--timeout",), convert=float, default=30.0, help="seconds to wait for the server",
+             actions=_REMOTE),
+        Flag("dry_run", ("--dry-run",), switch=True, help="print the spec and the request, send nothing",
+             actions=("submit",)),
+        Flag("json", ("--json",), switch=True, help="print the server's whole answer", actions=("status",)),
+    )
 
-def main(options: OpenPAIOptions, env: Mapping[str, str] | None = None) -> int:
-    """Run one action; errors are raised as ClusterDDPError for the CLI to print as one line."""
-    check_action(options.action)
-    env = os.environ if env is None else env
-    if options.action in ("render", "submit"):
-        job_path = str(options.job)
-        job = load_job(job_path)
-        spec = render_openpai(job, job_path, name=options.name)
-        if options.action == "render":
-            return _render(spec, options.output)
-        if job.env_passthrough:
-            print(f"clusterddp: warning: env_passthrough ({', '.join(job.env_passthrough)}) is not sent to OpenPAI: "
-                  "the container must provide these variables itself", file=sys.stderr)
-        return _submit(spec, options, env)
-    job_id = str(options.job_id)
-    client = _client(options, env)
-    if options.action == "status":
-        return _status(client, job_id, options.json)
-    client.stop(job_id)
-    print(f"clusterddp: asked OpenPAI to stop {job_id}", file=sys.stderr)
-    return 0
+    def render(self, job: JobSpec, options: OpenPAIOptions) -> RenderedRequest:
+        """The spec, with the job path as given: the task's shell finds it after the setup lines."""
+        spec = render_openpai(job, str(options.job), name=options.name)
+        return RenderedRequest(spec, "POST text/yaml to <url>/rest-server/api/v2/jobs, with a bearer token", job)
 
+    def wrote(self, request: RenderedRequest, path: str) -> None:
+        print(f"wrote {path}; submit it in the web portal, or with 'clusterddp submit openpai'", file=sys.stderr)
 
-def _render(spec: str, output: str | None) -> int:
-    if output is None:
-        sys.stdout.write(spec)
+    def submit(self, request: RenderedRequest, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
+        """POST the spec (or, with ``--dry-run``, print where it would go); prints the job id."""
+        if request.job.env_passthrough:
+            print(f"clusterddp: warning: env_passthrough ({', '.join(request.job.env_passthrough)}) is not sent "
+                  "to OpenPAI: the container must provide these variables itself", file=sys.stderr)
+        return _submit(request.text, options, env)
+
+    def status(self, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
+        return _status(_client(options, env), str(options.job_id), options.json)
+
+    def stop(self, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
+        job_id = str(options.job_id)
+        _client(options, env).stop(job_id)
+        print(f"clusterddp: asked OpenPAI to stop {job_id}", file=sys.stderr)
         return 0
-    write_output(output, spec)
-    print(f"wrote {output}; submit it in the web portal, or with 'clusterddp submit openpai'", file=sys.stderr)
-    return 0
 
 
 def _submit(spec: str, options: OpenPAIOptions, env: Mapping[str, str]) -> int:

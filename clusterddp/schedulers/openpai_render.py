@@ -1,6 +1,6 @@
 """Job file -> OpenPAI protocol-v2 job (``templates/openpai.yaml``): a pure function.
 
-Every value goes through ``yaml_scalar`` so what OpenPAI parses is exactly what the job file
+Every value goes through ``quoting.yaml_scalar`` so what OpenPAI parses is exactly what the job file
 said (a command with ``: `` or a ``#`` stays one string, a name like ``yes`` stays a string).
 The result passes the REST server's JSON schema and its prerequisite checks, and the
 FrameworkController object the server makes of it; values that would fail there fail here,
@@ -15,25 +15,19 @@ exactly ``instances`` tasks, gang-allocated, on every attempt.
 
 from __future__ import annotations
 
-import re
 from string import Template
 from typing import Mapping
-
-import yaml
 
 from clusterddp import __version__
 from clusterddp.errors import JobSpecError
 from clusterddp.schedulers import quoting as q
+from clusterddp.schedulers.quoting import flow_mapping, yaml_scalar
 from clusterddp.sections.openpai import IDENTIFIER_PATTERN, JOB_NAME_PATTERN
 from clusterddp.spec import JobSpec
 from clusterddp.templates import load_template
 from clusterddp.validate import one_line_problem, shown, text_problem
 
 TEMPLATE = "openpai.yaml"
-#: Strings that may stay unquoted: no YAML indicator, no ': ', no '#', no ',' (flow maps).
-_PLAIN = re.compile(r"[A-Za-z_/](?:[A-Za-z0-9_ ./=+@-]*[A-Za-z0-9_./=+@-])?")
-#: Characters a double-quoted YAML scalar must escape beyond '"' and '\'.
-_LINE_BREAKS = {"\u0085", "\u2028", "\u2029", "\ufeff"}
 #: FrameworkController's bounds on the Framework the REST server creates from the spec:
 #: ``RetryPolicySpec.MaxRetryCount`` is an int32 (types.go), ``taskNumber`` at most 10000 (crd.go).
 MAX_RETRY_COUNT = (1 << 31) - 1
@@ -189,26 +183,3 @@ def chain_problem(line: str) -> str | None:
     if escaped or stripped.endswith(("&", ";", "|", "\\")):
         return f"ends with {stripped[-1]!r}: it must be a complete command"
     return None
-
-
-def yaml_scalar(value: str) -> str:
-    """``value`` as a YAML scalar that reads back as the same string in YAML 1.1 and 1.2."""
-    if _PLAIN.fullmatch(value) and yaml.safe_load(value) == value:
-        return value
-    out = ['"']
-    for char in value:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable() and char not in _LINE_BREAKS:
-            out.append(char)
-        elif ord(char) <= 0xFFFF:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    out.append('"')
-    return "".join(out)
-
-
-def flow_mapping(values: Mapping[str, str]) -> str:
-    """``{k: v, ...}`` on one line (``{}`` when empty), keys and values as safe scalars."""
-    return "{" + ", ".join(f"{yaml_scalar(k)}: {yaml_scalar(v)}" for k, v in values.items()) + "}"

@@ -1,10 +1,11 @@
 """Every value a renderer writes, checked and quoted for the exact place it lands.
 
 The renderers build text for three readers: sbatch's ``#SBATCH`` parser, bash, and a YAML
-parser (OpenPAI). Each context has one function here; a value that cannot be written exactly
-in its context is refused with a one-line ``JobSpecError`` naming the key. These checks run
-at render time, whatever the job-file loader let through, so a ``JobSpec`` built by hand is as
-safe as one loaded from YAML.
+parser (OpenPAI's spec, and any YAML manifest: ``yaml_scalar``, ``flow_mapping``). Each
+context has one function here; a value that cannot be written exactly in its context is
+refused with a one-line ``JobSpecError`` naming the key. These checks run at render time,
+whatever the job-file loader let through, so a ``JobSpec`` built by hand is as safe as one
+loaded from YAML.
 
 sbatch's directive parser (src/sbatch/opt.c ``get_argument``, the same in 20.11 to 25.11):
 a line starting with ``#SBATCH`` is split at blanks into arguments; ``'`` and ``"`` group
@@ -17,12 +18,19 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Mapping
+
+import yaml
 
 from clusterddp.errors import JobSpecError
 from clusterddp.spec import JobSpec
 from clusterddp.validate import (ECHO_CHARS, MAX_VALUE_CHARS, control_problem, env_name_problem, is_control, one_line_problem,
                                  parse_node_range, shown, text_problem, token_problem)
 
+#: YAML strings that may stay unquoted: no indicator, no ': ', no '#', no ',' (flow maps).
+YAML_PLAIN = re.compile(r"[A-Za-z_/](?:[A-Za-z0-9_ ./=+@-]*[A-Za-z0-9_./=+@-])?")
+#: Characters a double-quoted YAML scalar must escape beyond '"' and '\'.
+YAML_LINE_BREAKS = {"\u0085", "\u2028", "\u2029", "\ufeff"}
 #: Directive values written bare: nothing sbatch's parser or getopt would read differently.
 DIRECTIVE_PLAIN = re.compile(r"[A-Za-z0-9_.,:/%@+=&^~-]+")
 #: A long option as sbatch's getopt reads it (``--mail-type``).
@@ -160,3 +168,26 @@ def extra_directive(line: str, where: str, key: str) -> str:
 def option_name(directive: str) -> str:
     """``--export=ALL`` -> ``--export``."""
     return directive.split("=", 1)[0].split(" ", 1)[0]
+
+
+def yaml_scalar(value: str) -> str:
+    """``value`` as a YAML scalar that reads back as the same string in YAML 1.1 and 1.2."""
+    if YAML_PLAIN.fullmatch(value) and yaml.safe_load(value) == value:
+        return value
+    out = ['"']
+    for char in value:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable() and char not in YAML_LINE_BREAKS:
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def flow_mapping(values: Mapping[str, str]) -> str:
+    """``{k: v, ...}`` on one line (``{}`` when empty), keys and values as safe scalars."""
+    return "{" + ", ".join(f"{yaml_scalar(k)}: {yaml_scalar(v)}" for k, v in values.items()) + "}"

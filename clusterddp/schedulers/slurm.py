@@ -1,7 +1,7 @@
 """``clusterddp render slurm JOB`` and ``clusterddp submit slurm JOB``: sbatch from the job file.
 
-``render_sbatch`` is pure (job in, script text out) so it is golden-tested; ``main`` adds the
-file system and ``sbatch``. The script runs ``srun --ntasks-per-node=1 <python> -m clusterddp
+``render_sbatch`` is pure (job in, script text out) so it is golden-tested; ``SlurmScheduler``
+(clusterddp.schedulers.api) adds the file system and ``sbatch``. The script runs ``srun --ntasks-per-node=1 <python> -m clusterddp
 run JOB``: one launcher per node, which reads its place from SLURM's variables
 (clusterddp.envs.slurm) and supervises that node's workers. With ``restarts: N`` it runs a
 failed step again inside the allocation, on the nodes SLURM still reports healthy.
@@ -25,10 +25,11 @@ from clusterddp import __version__
 from clusterddp.errors import JobSpecError, SubmitError
 from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
-from clusterddp.spec import JobSpec, load_job
+from clusterddp.spec import JobSpec
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
 
@@ -174,10 +175,6 @@ def _traps(signal_spec: str | None, where: str = "<job>") -> str:
     return f"trap 'forward_signal {name}' {name}\n"
 
 
-#: The actions slurm supports.
-ACTIONS = ("render", "submit")
-
-
 @dataclass(frozen=True)
 class SlurmOptions:
     """``clusterddp render|submit slurm`` as the CLI parsed it."""
@@ -193,29 +190,39 @@ class SlurmOptions:
     dry_run: bool = False
 
 
-def check_action(action: str) -> None:
-    """Refuse an action slurm does not have (before any flag is read)."""
-    if action not in ACTIONS:
-        raise SubmitError(f"slurm supports 'render' and 'submit', not {action!r}")
+class SlurmScheduler(Scheduler[SlurmOptions]):
+    """``render`` prints or writes the sbatch script; ``submit`` also runs ``sbatch --parsable``."""
 
+    name = "slurm"
+    actions = ("render", "submit")
+    options_type = SlurmOptions
+    descriptions = {
+        "render": "Render the job file as an sbatch script.",
+        "submit": "Render the job file as an sbatch script and submit it with sbatch.",
+    }
+    flags = (
+        Flag("job", help="job file (jobs/*.yaml)"),
+        Flag("python", ("--python",),
+             help="interpreter on the compute nodes (default: the job's python, else this one)"),
+        Flag("output", ("-o", "--output"), help="write the script here instead of printing it", actions=("render",)),
+        Flag("dry_run", ("--dry-run",), switch=True, actions=("submit",),
+             help="print the script and the sbatch command, submit nothing"),
+    )
 
-def main(options: SlurmOptions, env: Mapping[str, str] | None = None) -> int:
-    """``render`` prints or writes the script; ``submit`` also runs ``sbatch --parsable``."""
-    check_action(options.action)
-    env = os.environ if env is None else env
-    job = load_job(options.job)
-    job_path = os.path.abspath(options.job)  # every node's launcher reads it (shared file system)
-    script = render_sbatch(job, job_path, python=options.python)
-    if options.action == "render":
-        if options.output:
-            write_output(options.output, script)
-            print(f"wrote {options.output}; submit it with: mkdir -p {shlex.quote(job.logs.dir)} && "
-                  f"sbatch {shlex.quote(options.output)}")
-        else:
-            sys.stdout.write(script)
-        return 0
-    passthrough_env(job.env_passthrough, env, job.source or job_path, job.env)
-    return _submit(job, script, dry_run=options.dry_run, env=env)
+    def render(self, job: JobSpec, options: SlurmOptions) -> RenderedRequest:
+        """The script with the job's absolute path: every node's launcher reads that file."""
+        script = render_sbatch(job, os.path.abspath(options.job), python=options.python)
+        return RenderedRequest(script, "sbatch --parsable SCRIPT (written under logs.dir first)", job)
+
+    def wrote(self, request: RenderedRequest, path: str) -> None:
+        print(f"wrote {path}; submit it with: mkdir -p {shlex.quote(request.job.logs.dir)} && "
+              f"sbatch {shlex.quote(path)}")
+
+    def submit(self, request: RenderedRequest, options: SlurmOptions, env: Mapping[str, str]) -> int:
+        """Check the secrets named by env_passthrough are set here, then hand the script to sbatch."""
+        job = request.job
+        passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env)
+        return _submit(job, request.text, dry_run=options.dry_run, env=env)
 
 
 #: What ``submit`` keeps from the caller's SLURM_* variables: the client's own configuration.

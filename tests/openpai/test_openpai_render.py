@@ -13,9 +13,9 @@ from server_rules import server_errors
 
 from clusterddp import __version__
 from clusterddp.errors import JobSpecError
-from clusterddp.schedulers import openpai
-from clusterddp.schedulers.openpai import OpenPAIOptions
-from clusterddp.schedulers.openpai_render import chain_problem, render_openpai, yaml_scalar
+from clusterddp.schedulers.openpai import OpenPAIOptions, OpenPAIScheduler
+from clusterddp.schedulers.openpai_render import chain_problem, render_openpai
+from clusterddp.schedulers.quoting import yaml_scalar
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import load_job
 
@@ -205,10 +205,10 @@ def test_yaml_scalar_round_trips(value: str) -> None:
 def test_render_action_prints_or_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """'render openpai JOB' prints the spec; '-o FILE' writes the same text and prints it nowhere."""
     job = str(HERE / "jobs" / "minimal.yaml")
-    assert openpai.main(OpenPAIOptions("render", job=job)) == 0
+    assert OpenPAIScheduler().main(OpenPAIOptions("render", job=job)) == 0
     printed = capsys.readouterr().out
     out = tmp_path / "spec.yaml"
-    assert openpai.main(OpenPAIOptions("render", job=job, output=str(out))) == 0
+    assert OpenPAIScheduler().main(OpenPAIOptions("render", job=job, output=str(out))) == 0
     assert out.read_text() == printed and capsys.readouterr().out == ""
     assert server_errors(printed) == []
 
@@ -216,7 +216,7 @@ def test_render_action_prints_or_writes(tmp_path: Path, capsys: pytest.CaptureFi
 def test_submit_dry_run_sends_nothing_and_needs_no_token(capsys: pytest.CaptureFixture[str]) -> None:
     """'submit --dry-run' prints the endpoint and the spec; no token, no connection."""
     job = str(HERE / "jobs" / "minimal.yaml")
-    assert openpai.main(OpenPAIOptions("submit", job=job, url="https://pai.example/", dry_run=True), env={}) == 0
+    assert OpenPAIScheduler().main(OpenPAIOptions("submit", job=job, url="https://pai.example/", dry_run=True), env={}) == 0
     out = capsys.readouterr().out
     assert out.startswith("# dry run: would POST this to https://pai.example/rest-server/api/v2/jobs")
     assert yaml.safe_load(out)["name"] == "minimal"

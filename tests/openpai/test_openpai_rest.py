@@ -19,7 +19,7 @@ from pai_server import PREFIX, FakeOpenPAI, fake_openpai
 
 from clusterddp.cli import scheduler_options
 from clusterddp.errors import SubmitError
-from clusterddp.schedulers import openpai
+from clusterddp.schedulers.openpai import OpenPAIScheduler
 from clusterddp.schedulers.openpai_render import render_openpai
 from clusterddp.schedulers.openpai_rest import OpenPAIClient, Secret, base_url, read_token
 from clusterddp.sections.openpai import OpenPAISpec
@@ -55,7 +55,7 @@ def leak_check(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixt
 
 
 def run_openpai(action: str, argv: list[str], env: dict[str, str]) -> int:
-    return openpai.main(scheduler_options(action, "openpai", argv), env=env)
+    return OpenPAIScheduler().main(scheduler_options(action, "openpai", argv), env=env)
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import clusterddp
-from clusterddp.errors import JobSpecError, SubmitError
+from clusterddp.errors import ClusterDDPError, JobSpecError, SubmitError
 from clusterddp.schedulers import get_scheduler
-from clusterddp.schedulers.slurm import SlurmOptions, main, render_sbatch
+from clusterddp.schedulers.slurm import SlurmOptions, SlurmScheduler, render_sbatch
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import cli, cli_env
 
@@ -105,8 +105,8 @@ def test_empty_value_is_an_error_at_render_time() -> None:
 
 
 def test_registry_finds_slurm() -> None:
-    """The scheduler registry resolves 'slurm' to this module."""
-    assert get_scheduler("slurm").main is main
+    """The scheduler registry resolves 'slurm' to this module's scheduler class."""
+    assert type(get_scheduler("slurm")) is SlurmScheduler
 
 
 def test_render_cli_writes_a_file(tmp_path: Path) -> None:
@@ -149,9 +149,10 @@ def test_submit_shows_sbatch_errors(tmp_path: Path) -> None:
 
 
 def test_unknown_action_is_refused() -> None:
-    """Only render and submit exist for slurm."""
-    with pytest.raises(SubmitError):
-        main(SlurmOptions("status", job="x.yaml"))
+    """Only render and submit exist for slurm: any other action is a usage error (exit 2)."""
+    with pytest.raises(ClusterDDPError, match="slurm supports render, submit, not 'status'") as info:
+        SlurmScheduler().main(SlurmOptions("status", job="x.yaml"))
+    assert info.value.exit_code == 2
 
 
 # --- in-allocation restarts: the rendered script run by bash with stub SLURM commands -------
