@@ -8,11 +8,10 @@ module's options dataclass. Importing the CLI imports no scheduler.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from types import ModuleType
 
+from clusterddp.atomicfile import write_atomically
 from clusterddp.errors import ClusterDDPError
-from clusterddp.validate import shown
 
 SCHEDULERS: dict[str, str] = {
     "slurm": "clusterddp.schedulers.slurm",
@@ -28,8 +27,6 @@ def get_scheduler(name: str) -> ModuleType:
 
 
 def write_output(path: str, text: str) -> None:
-    """Write a rendered file; a path that cannot be written is one line, not a traceback."""
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ClusterDDPError(f"{shown(path)}: cannot write: {exc.strerror or exc}") from None
+    """Write a rendered file whole or not at all (a full disk keeps the old one); a path that
+    cannot be written is one line naming it, not a traceback."""
+    write_atomically(path, text)
