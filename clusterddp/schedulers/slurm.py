@@ -222,8 +222,9 @@ def main(options: SlurmOptions, env: Mapping[str, str] | None = None) -> int:
 KEPT_SLURM_VARS = ("SLURM_CONF",)
 #: Prefixes of variables that describe the caller's own allocation or step (or set sbatch's
 #: options behind the job file's back). Handed to sbatch they end up in the new job's
-#: environment: a leaked SLURM_CPU_BIND has pinned 8 ranks to 4 cores.
-SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
+#: environment: a leaked SLURM_CPU_BIND has pinned 8 ranks to 4 cores. "SLURM", not
+#: "SLURM_": SLURMD_NODENAME (the caller's node) and SLURMRESTD_* are the caller's too.
+SCRUBBED_PREFIXES = ("SLURM", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
 
 
 def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
