@@ -45,7 +45,16 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
 
     The script runs the srun step up to ``1 + restarts`` times inside the allocation (see
     docs/slurm.md, "Fault tolerance"): each launcher gets ``--restart-count ATTEMPT``.
+
+    A refusal names the job file's line of the key at fault (``JobSpec.placed``).
     """
+    try:
+        return _render_sbatch(job, job_path, python)
+    except JobSpecError as exc:
+        raise job.placed(exc) from None
+
+
+def _render_sbatch(job: JobSpec, job_path: str, python: str | None) -> str:
     where = q.place(job.source, job_path)
     slurm = job.slurm
     job_word = q.path_word(job_path, where, "job file path")
@@ -214,7 +223,7 @@ def main(options: SlurmOptions, env: Mapping[str, str] | None = None) -> int:
         else:
             sys.stdout.write(script)
         return 0
-    passthrough_env(job.env_passthrough, env, job.source or job_path, job.env)
+    passthrough_env(job.env_passthrough, env, job.source or job_path, job.env, job.line_of)
     return _submit(job, script, dry_run=options.dry_run, env=env)
 
 
@@ -247,7 +256,7 @@ def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) ->
     try:
         log_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the output's directory
     except OSError as exc:
-        raise JobSpecError(job.source or "<job>", None, "logs.dir",
+        raise JobSpecError(job.source or "<job>", job.line_of("logs.dir"), "logs.dir",
                            f"cannot create {shown(str(log_dir))}: {exc.strerror}") from None
     write_output(str(path), script)
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=clean)
