@@ -38,6 +38,12 @@ class JobSpecError(ClusterDDPError):
         self.path = path
         self.line = line
         self.key = key
+        self.problem = message
+
+    def at_line(self, line: int | None) -> "JobSpecError":
+        """The same error at ``line``: checks that run after loading (renderers, the
+        environment) know the key; the job, which remembers every key's line, adds it."""
+        return JobSpecError(self.path, line, self.key, self.problem, self.hint)
 
 
 class EnvironmentDetectionError(ClusterDDPError):

@@ -20,7 +20,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, Tuple, Union
 
 from clusterddp.errors import HostlistError
 from clusterddp.validate import MAX_HOSTFILE_BYTES, control_problem, read_small_file, shown, workers_problem
@@ -136,12 +136,15 @@ def read_hostfile(path: str | Path) -> list[HostEntry]:
     return entries
 
 
-def entries_from_list(specs: Sequence[str], origin: str) -> list[HostEntry]:
-    """Entries from a list of specs (the job file's ``ssh.hosts``), same syntax as a line."""
+def entries_from_list(specs: Sequence[str], origin: str, places: Sequence[str] = ()) -> list[HostEntry]:
+    """Entries from a list of specs (the job file's ``ssh.hosts``), same syntax as a line.
+
+    ``places[i]`` names where spec i was written (``jobs/x.yaml:7: ssh.hosts[2]``); without
+    it, ``origin[i]``."""
     entries: list[HostEntry] = []
     seen: dict[str, str] = {}
     for index, spec in enumerate(specs):
-        where = f"{origin}[{index}]"
+        where = places[index] if index < len(places) else f"{origin}[{index}]"
         if not spec.strip() or control_problem(spec.replace("\t", " ")) or "#" in spec:
             raise HostlistError(f"{where}: {shown(spec)}: expected one host per entry ('host', 'host slots=N', 'host:N')")
         entry = parse_host_spec(spec.strip(), where)
@@ -152,30 +155,38 @@ def entries_from_list(specs: Sequence[str], origin: str) -> list[HostEntry]:
     return entries
 
 
-def select_hosts(entries: Sequence[HostEntry], include: Iterable[str] = (),
-                 exclude: Iterable[str] = ()) -> list[HostEntry]:
+#: A host pattern and where it was given: the flag (``--include``) or ``file:line: key``.
+Pattern = Union[str, Tuple[str, str]]
+
+
+def select_hosts(entries: Sequence[HostEntry], include: Iterable[Pattern] = (),
+                 exclude: Iterable[Pattern] = ()) -> list[HostEntry]:
     """Keep hosts matching any ``include`` pattern (all when none), drop any ``exclude`` match.
 
     Patterns are shell globs (``node[1-4]``, ``gpu*``); each may also be a comma-separated
-    list. A pattern that matches no host is an error: it is almost always a typo, and a
-    silently ignored ``--exclude`` would start a job on a host the user meant to avoid.
+    list, and may come as ``(pattern, where)`` (a plain one came from ``--include`` /
+    ``--exclude``). A pattern that matches no host is an error naming where it was given: it
+    is almost always a typo, and a silently ignored exclusion would start a job on a host the
+    user meant to avoid.
     """
-    includes, excludes = _patterns(include), _patterns(exclude)
+    includes, excludes = _patterns(include, "--include"), _patterns(exclude, "--exclude")
     names = [e.host for e in entries]
-    for kind, patterns in (("include", includes), ("exclude", excludes)):
-        for pattern in patterns:
-            if not fnmatch.filter(names, pattern):
-                raise HostlistError(f"--{kind} {shown(pattern)} matches no host", "hosts: " + shown(", ".join(names), 200))
+    for pattern, where in includes + excludes:
+        if not fnmatch.filter(names, pattern):
+            place = where if where.startswith("--") else f"{where}:"
+            raise HostlistError(f"{place} {shown(pattern)} matches no host", "hosts: " + shown(", ".join(names), 200))
     kept = [e for e in entries
-            if (not includes or any(fnmatch.fnmatchcase(e.host, p) for p in includes))
-            and not any(fnmatch.fnmatchcase(e.host, p) for p in excludes)]
+            if (not includes or any(fnmatch.fnmatchcase(e.host, p) for p, _ in includes))
+            and not any(fnmatch.fnmatchcase(e.host, p) for p, _ in excludes)]
     if not kept:
         raise HostlistError("include/exclude left no host to run on")
     return kept
 
 
-def _patterns(values: Iterable[str]) -> list[str]:
-    return [p.strip() for value in values for p in value.split(",") if p.strip()]
+def _patterns(values: Iterable[Pattern], flag: str) -> list[tuple[str, str]]:
+    """(pattern, where) for each glob of each comma list; a plain string came from ``flag``."""
+    pairs = [(value, flag) if isinstance(value, str) else value for value in values]
+    return [(p.strip(), where) for value, where in pairs for p in value.split(",") if p.strip()]
 
 
 def _slots(value: str, where: str, written: str) -> int:

@@ -122,7 +122,7 @@ def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str,
                         hosts: list[str] | None = None) -> None:
     """``<run_dir>/launcher.json`` naming this process, so ``clusterddp stacks`` signals it.
 
-    Written whole (temp file + rename). The SSH head adds ``hosts``; launchers it starts
+    Written whole (clusterddp.atomicfile). The SSH head adds ``hosts``; launchers it starts
     (--watch-stdin) never write it, so on a shared filesystem the file keeps naming the
     process that answers for all hosts. A failed write is not an error: the job matters more.
     """
@@ -131,13 +131,11 @@ def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str,
     data: dict[str, object] = {"pid": os.getpid(), "host": host, "run_id": run_id, "ranks": list(ranks)}
     if hosts is not None:
         data["hosts"] = list(hosts)
-    path = os.path.join(os.fspath(run_dir), LAUNCHER_FILE)
-    tmp = os.path.join(os.fspath(run_dir), f".{LAUNCHER_FILE}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except OSError:
+    from clusterddp.atomicfile import WriteError, write_atomically
+
+    try:  # not fsync-ed: it names a live process, worthless after a crash
+        write_atomically(os.path.join(os.fspath(run_dir), LAUNCHER_FILE), json.dumps(data), durable=False)
+    except WriteError:
         pass
 
 
@@ -161,9 +159,10 @@ def launcher_files(log_dir: str) -> list[str]:
 
 
 def write_stacks_report(text: str, directory: str | os.PathLike[str]) -> str:
-    """``stacks-<time>-<pid>.txt`` in the run's log dir, written whole (temp file + rename);
-    return its path. The name is what ``clusterddp stacks`` waits for (``stacks_reports``),
-    the pid telling this process's report from other hosts' dumps on a shared filesystem."""
+    """``stacks-<time>-<pid>.txt`` in the run's log dir, written whole or not at all
+    (clusterddp.atomicfile; raises its WriteError); return its path. The name is what
+    ``clusterddp stacks`` waits for (``stacks_reports``), the pid telling this process's report
+    from other hosts' dumps on a shared filesystem."""
     import time
     from pathlib import Path
 
@@ -174,9 +173,9 @@ def write_stacks_report(text: str, directory: str | os.PathLike[str]) -> str:
     while path.exists():
         path = folder / f"{base}.{n}.txt"
         n += 1
-    tmp = folder / f".{path.name}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    from clusterddp.atomicfile import write_atomically
+
+    write_atomically(path, text)
     return str(path)
 
 

@@ -11,7 +11,7 @@ variable instead.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from clusterddp.errors import JobSpecError
 from clusterddp.validate import env_name_problem
@@ -44,8 +44,11 @@ def scrub(text: str) -> str:
 
 
 def passthrough_env(names: Iterable[str], environ: Mapping[str, str], where: str = "<job>",
-                    job_env: Mapping[str, str] | None = None) -> dict[str, str]:
+                    job_env: Mapping[str, str] | None = None,
+                    line_of: Callable[[str], int | None] = lambda key: None) -> dict[str, str]:
     """The values of the ``env_passthrough`` variables, registered as secrets.
+
+    ``line_of(key)`` is the job file's line of a key (``JobSpec.line_of``), for the errors.
 
     A name that is unset here is an error before anything starts (a worker without its API key
     fails much later, on every node). A name that the job's ``env:`` also sets is refused: the
@@ -56,12 +59,12 @@ def passthrough_env(names: Iterable[str], environ: Mapping[str, str], where: str
         key = f"env_passthrough[{index}]"
         problem = env_name_problem(name)
         if problem:
-            raise JobSpecError(where, None, key, problem)
+            raise JobSpecError(where, line_of(key), key, problem)
         if job_env is not None and name in job_env:
-            raise JobSpecError(where, None, key, f"{name} is also set in env:",
+            raise JobSpecError(where, line_of(key), key, f"{name} is also set in env:",
                                "keep a secret in env_passthrough only, and its value out of the job file")
         if name not in environ:
-            raise JobSpecError(where, None, key, f"{name} is not set in the launcher's environment",
+            raise JobSpecError(where, line_of(key), key, f"{name} is not set in the launcher's environment",
                                f"export {name} before starting clusterddp, or remove it from env_passthrough")
         values[name] = environ[name]
         register(environ[name])

@@ -125,8 +125,28 @@ class JobSpec:
             return self.given_by[key]
         if self.source is None:
             return f"{COMMAND_LINE}: {key}"
-        line = self.key_lines.get(key)
+        line = self.line_of(key)
         return f"{self.source}:{line}: {key}" if line else f"{self.source}: {key}"
+
+    def line_of(self, key: str) -> int | None:
+        """The job-file line of ``key`` (``ssh.hosts[2]``, ``env.A``), else of the nearest key
+        that holds it (``slurm.extra_sbatch`` for a value the loader did not see); None for a
+        job that was not loaded from a file."""
+        while key:
+            line = self.key_lines.get(key)
+            if line:
+                return line
+            cut = max(key.rfind("["), key.rfind("."))
+            key = key[:cut] if cut > 0 else ""
+        return None
+
+    def placed(self, error: JobSpecError) -> JobSpecError:
+        """``error`` with its key's line when it has none: checks after loading (renderers,
+        the environment) name the key, and this job remembers where each key was."""
+        if error.line is not None or not error.key or self.source is None:
+            return error
+        line = self.line_of(error.key)
+        return error.at_line(line) if line else error
 
     def entry_argv(self) -> list[str]:
         """What follows the interpreter: ``script args`` or ``-m module args``."""

@@ -54,8 +54,9 @@ class NodeReader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        #: Line of every key read, by dotted path: later checks (a missing interpreter, a
-        #: scheduler's rule) still point at the line that set the value.
+        #: Line of every key read, by dotted path (list items as ``key[i]``, mapping entries
+        #: as ``key.name``): later checks (a missing interpreter, a scheduler's rule, an unset
+        #: passthrough variable) still point at the line that set the value.
         self.lines: dict[str, int] = {}
 
     def fail(self, node: yaml.Node | None, key: str, message: str, hint: str | None = None) -> JobSpecError:
@@ -141,7 +142,11 @@ class NodeReader:
         if origin is tuple:
             if not isinstance(node, yaml.SequenceNode):
                 raise self.fail(node, path, f"expected a list, got {_describe(node)}")
-            return tuple(self.convert(args[0], item, f"{path}[{i}]") for i, item in enumerate(node.value))
+            items = []
+            for i, item in enumerate(node.value):
+                self.lines[f"{path}[{i}]"] = item.start_mark.line + 1
+                items.append(self.convert(args[0], item, f"{path}[{i}]"))
+            return tuple(items)
         if origin is dict:
             if not isinstance(node, yaml.MappingNode):
                 raise self.fail(node, path, f"expected a mapping, got {_describe(node)}")
@@ -155,6 +160,7 @@ class NodeReader:
                     raise self.fail(key_node, path, f"key {shown(name)} {problem}")
                 if name in out:
                     raise self.fail(key_node, f"{path}.{name}", "duplicate key")
+                self.lines[f"{path}.{name}"] = key_node.start_mark.line + 1
                 out[name] = self.convert(args[1], value_node, f"{path}.{name}")
             return types.MappingProxyType(out)
         return self._convert_scalar(hint, node, path)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from clusterddp.atomicfile import WriteError
 from clusterddp.hang import RankLife, culprit, last_progress, stalled_for
 from clusterddp.launch.stackdump import Target, collect
 from clusterddp.launch.workers import RankState
@@ -51,8 +52,8 @@ class StacksDump:
         path, problem = None, None
         try:
             path = write_stacks_report(report.full_text, self.run_dir) if self.run_dir else None
-        except OSError as exc:  # a full log disk must not turn a diagnosis into a crash
-            problem = exc.strerror or type(exc).__name__
+        except WriteError as exc:  # a full log disk must not turn a diagnosis into a crash
+            problem = exc.strerror
         lines = [stacks_block_title(len(targets), self.host, why)]
         lines.extend(f"  {line}" for line in report.lines)
         if path:

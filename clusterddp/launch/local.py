@@ -58,7 +58,7 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     Workers inherit the launcher's environment, so ``env_passthrough`` needs no copying here;
     a listed variable that is unset is an error before anything is planned or started.
     """
-    passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env)
+    passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env, job.line_of)
     overrides = options.overrides(job)
     topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node, options.restart_count)
     cwd = os.getcwd()

@@ -9,11 +9,10 @@ line here. Importing the CLI imports no scheduler.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterddp.atomicfile import write_atomically
 from clusterddp.errors import ClusterDDPError
-from clusterddp.validate import shown
 
 if TYPE_CHECKING:
     from clusterddp.schedulers.api import Scheduler
@@ -40,8 +39,6 @@ def get_scheduler(name: str) -> Scheduler[Any]:
 
 
 def write_output(path: str, text: str) -> None:
-    """Write a rendered file; a path that cannot be written is one line, not a traceback."""
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ClusterDDPError(f"{shown(path)}: cannot write: {exc.strerror or exc}") from None
+    """Write a rendered file whole or not at all (a full disk keeps the old one); a path that
+    cannot be written is one line naming it, not a traceback."""
+    write_atomically(path, text)

@@ -38,8 +38,16 @@ def render_openpai(job: JobSpec, job_path: str, name: str | None = None) -> str:
     """The protocol-v2 YAML that runs ``clusterddp run job_path`` on ``job.nodes`` instances.
 
     ``job_path`` is the job file as the task's shell will find it (relative to the directory
-    the setup lines leave it in); ``name`` overrides ``openpai.name`` / the job's name.
+    the setup lines leave it in); ``name`` overrides ``openpai.name`` / the job's name. A
+    refusal names the job file's line of the key at fault (``JobSpec.placed``).
     """
+    try:
+        return _render(job, job_path, name)
+    except JobSpecError as exc:
+        raise job.placed(exc) from None
+
+
+def _render(job: JobSpec, job_path: str, name: str | None) -> str:
     spec = job.openpai
     where = q.place(job.source, job_path)
     job_word = _job_word(job_path, where)

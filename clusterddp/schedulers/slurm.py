@@ -46,7 +46,16 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
 
     The script runs the srun step up to ``1 + restarts`` times inside the allocation (see
     docs/slurm.md, "Fault tolerance"): each launcher gets ``--restart-count ATTEMPT``.
+
+    A refusal names the job file's line of the key at fault (``JobSpec.placed``).
     """
+    try:
+        return _render_sbatch(job, job_path, python)
+    except JobSpecError as exc:
+        raise job.placed(exc) from None
+
+
+def _render_sbatch(job: JobSpec, job_path: str, python: str | None) -> str:
     where = q.place(job.source, job_path)
     slurm = job.slurm
     job_word = q.path_word(job_path, where, "job file path")
@@ -221,7 +230,7 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
     def submit(self, request: RenderedRequest, options: SlurmOptions, env: Mapping[str, str]) -> int:
         """Check the secrets named by env_passthrough are set here, then hand the script to sbatch."""
         job = request.job
-        passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env)
+        passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env, job.line_of)
         return _submit(job, request.text, dry_run=options.dry_run, env=env)
 
 
@@ -229,8 +238,9 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
 KEPT_SLURM_VARS = ("SLURM_CONF",)
 #: Prefixes of variables that describe the caller's own allocation or step (or set sbatch's
 #: options behind the job file's back). Handed to sbatch they end up in the new job's
-#: environment: a leaked SLURM_CPU_BIND has pinned 8 ranks to 4 cores.
-SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
+#: environment: a leaked SLURM_CPU_BIND has pinned 8 ranks to 4 cores. "SLURM", not
+#: "SLURM_": SLURMD_NODENAME (the caller's node) and SLURMRESTD_* are the caller's too.
+SCRUBBED_PREFIXES = ("SLURM", "SBATCH_", "SALLOC_", "SRUN_", "PMIX_", "PMI_")
 
 
 def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -253,7 +263,7 @@ def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) ->
     try:
         log_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the output's directory
     except OSError as exc:
-        raise JobSpecError(job.source or "<job>", None, "logs.dir",
+        raise JobSpecError(job.source or "<job>", job.line_of("logs.dir"), "logs.dir",
                            f"cannot create {shown(str(log_dir))}: {exc.strerror}") from None
     write_output(str(path), script)
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=clean)

@@ -11,7 +11,7 @@ Units sit in layers, top to bottom::
     launch  schedulers  diagnose                the commands; no unit here imports another
     topology  envs  spec  specload  sections  hostfile         the job and its placement
     errors exitcodes devices hostlist protocol validate redact affinity templates
-    stackreport hang netperf clusterddp                        leaf modules
+    stackreport hang netperf atomicfile clusterddp             leaf modules
 
     train                                       the torch part, beside the launcher
 
@@ -60,7 +60,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"launch", "schedulers", "diagnose"}),
     frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile"}),
     frozenset({"errors", "exitcodes", "devices", "hostlist", "protocol", "validate", "redact", "affinity",
-               "templates", "stackreport", "hang", "netperf", "clusterddp"}),
+               "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp"}),
 )
 #: The command layer: its units never import each other.
 INDEPENDENT = LAYERS[2]

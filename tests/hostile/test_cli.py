@@ -290,3 +290,17 @@ def test_any_flag_value_is_used_or_one_line(job: Path, capsys: pytest.CaptureFix
     if code == 2:
         assert err.startswith("clusterddp: error: ") and err.count("\n") == 1, err
     assert not (job.parent / "logs").exists()
+
+
+def test_dry_run_runs_no_match_exec_of_the_ssh_config(tmp_path: Path) -> None:
+    """An ssh_config 'Match exec' is a command of the user's: --dry-run refuses it (one line, exit 2) and runs it not."""
+    canary = tmp_path / "match-exec-ran"
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host *\n  ConnectTimeout 2\n\nMatch exec \"touch {canary}\"\n  Port 2222\n")
+    (tmp_path / "t.py").write_text("")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"script: t.py\nssh:\n  hosts: [127.0.0.1]\n  config_file: {config}\n  connect_timeout: 2\n")
+    result = cli("run", str(job), "--dry-run", cwd=tmp_path, timeout=60)
+    assert not canary.exists()
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"clusterddp: error: {config}:4: Match exec "), result.stderr

@@ -293,3 +293,43 @@ def test_a_closed_console_does_not_stop_the_job(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == 0
     for rank in (0, 1):
         assert len((tmp_path / "logs" / "closed" / f"rank{rank}.log").read_text().splitlines()) == 3000
+
+
+# -- files written for the user are whole or not written ----------------------------------------
+
+def _fill(disk: Path) -> None:
+    """Write into ``disk`` until it is full (ENOSPC), leaving the filler in place."""
+    with open(disk / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_render_on_a_full_disk_keeps_the_old_script(tmp_path: Path, tiny_disk: Path) -> None:
+    """render slurm -o on a full disk: exit 2, one line naming the file, the old script byte-identical, no temp file."""
+    small = write_job(tmp_path, name="small", script="exit_with.py")
+    big = write_job(tmp_path, name="big", script="exit_with.py", slurm={"setup": [f"echo {'x' * 200}"] * 100})
+    target = tiny_disk / "job.sbatch"
+    assert cli("render", "slurm", str(small), "-o", str(target)).returncode == 0
+    old = target.read_bytes()
+    _fill(tiny_disk)
+    result = cli("render", "slurm", str(big), "-o", str(target))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr)
+    assert result.stderr.startswith("clusterddp: error: ") and str(target) in result.stderr
+    assert "No space left on device" in result.stderr
+    assert target.read_bytes() == old
+    assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler", "job.sbatch"]
+
+
+def test_append_on_a_full_disk_leaves_no_half_line(tiny_disk: Path) -> None:
+    """append_whole (known_hosts under accept_new_host_keys) on a full disk: WriteError, the file byte-identical."""
+    from clusterddp.atomicfile import WriteError, append_whole
+
+    known = tiny_disk / "known_hosts"
+    known.write_text("node1 ssh-ed25519 AAAA\n")
+    _fill(tiny_disk)
+    with pytest.raises(WriteError, match="No space left on device"):
+        append_whole(known, "node2 ssh-rsa " + "B" * 20000 + "\n")
+    assert known.read_text() == "node1 ssh-ed25519 AAAA\n"

@@ -448,3 +448,55 @@ def test_any_value_in_any_field_is_a_job_or_one_line(key: str, value: object, ke
         else:
             data[section] = v
     _load_text(yaml.safe_dump(data, allow_unicode=True).encode("utf-8", "surrogatepass"))
+
+
+# --- Checks that run after loading still name file:line and key (not a flag, not only the file).
+
+#: (id, argv after the job file's path, job body after 'script:' (line 1), expected text after
+#: 'clusterddp: error: JOB:'). Each body puts the culprit on a known line.
+LATE_CASES = [
+    ("passthrough-unset", ["run", "JOB", "--dry-run"],
+     "env_passthrough:\n  - HOME\n  - CLUSTERDDP_TEST_UNSET_SECRET\n",
+     "4: env_passthrough[1]: CLUSTERDDP_TEST_UNSET_SECRET is not set"),
+    ("passthrough-unset-sbatch", ["submit", "slurm", "JOB"],
+     "env_passthrough: [HOME,\n  CLUSTERDDP_TEST_UNSET_SECRET]\n",
+     "3: env_passthrough[1]: CLUSTERDDP_TEST_UNSET_SECRET is not set"),
+    ("ssh-hosts-twice", ["run", "JOB", "--dry-run"],
+     "ssh:\n  hosts:\n    - node-a\n    - node-b\n    - node-a:2\n",
+     "6: ssh.hosts[2]: host 'node-a' is listed twice (first at "),
+    ("ssh-include-no-match", ["run", "JOB", "--dry-run"],
+     "ssh:\n  hosts: [node-a, node-b]\n  include:\n    - node-a\n    - gpu*\n",
+     "6: ssh.include[1]: 'gpu*' matches no host"),
+    ("ssh-exclude-no-match", ["run", "JOB", "--dry-run"],
+     "ssh:\n  hosts: [node-a, node-b]\n  exclude: [gpu*]\n",
+     "4: ssh.exclude[0]: 'gpu*' matches no host"),
+    ("openpai-setup-comment", ["render", "openpai", "JOB"],
+     "openpai:\n  image: img\n  setup:\n    - cd /work\n    - 'pip install x  # pin later'\n",
+     "6: openpai.setup[1]: "),
+    ("slurm-env-and-passthrough", ["render", "slurm", "JOB"],
+     "env_passthrough: [TOKEN_X]\nenv:\n  A: '1'\n  TOKEN_X: '2'\n",
+     "5: env.TOKEN_X: TOKEN_X is also in env_passthrough"),
+]
+
+
+@pytest.mark.parametrize("name,argv,body,expected", LATE_CASES, ids=[c[0] for c in LATE_CASES])
+def test_late_errors_name_file_line_and_key(tmp_path: Path, name: str, argv: list[str], body: str,
+                                            expected: str) -> None:
+    """Errors found after loading (unset passthrough, duplicate host, include, render checks) name file:line: key."""
+    path = tmp_path / "job.yaml"
+    (tmp_path / "t.py").write_text("")
+    path.write_text("script: t.py\n" + body, encoding="utf-8")
+    result = cli(*[str(path) if a == "JOB" else a for a in argv], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"clusterddp: error: {path}:{expected}"), result.stderr
+
+
+def test_an_include_flag_is_named_as_the_flag(tmp_path: Path) -> None:
+    """--include that matches nothing is reported as --include, the job's own as ssh.include."""
+    path = tmp_path / "job.yaml"
+    (tmp_path / "t.py").write_text("")
+    path.write_text("script: t.py\nssh:\n  hosts: [node-a]\n", encoding="utf-8")
+    result = cli("run", str(path), "--include", "gpu*", "--dry-run", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith("clusterddp: error: --include 'gpu*' matches no host"), \
+        result.stderr

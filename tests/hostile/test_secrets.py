@@ -137,3 +137,18 @@ def test_render_output_that_cannot_be_written_is_one_line(tmp_path: Path) -> Non
     for target in (tmp_path / "missing" / "x.sbatch", tmp_path):
         result = cli("render", "slurm", str(REPO / "tests" / "slurm" / "golden" / "minimal.yaml"), "-o", str(target))
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_sbatch_gets_no_slurmd_variable(tmp_path: Path) -> None:
+    """submit slurm: SLURMD_NODENAME (and any SLURM*-named variable but SLURM_CONF) never reaches sbatch."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f'#!/bin/sh\nenv -0 > {tmp_path}/sbatch.env\necho 42\n')
+    (fake / "sbatch").chmod(0o755)
+    job = write_job(tmp_path, script="dump_env.py")
+    env = cli_env(PATH=f"{fake}:{os.environ['PATH']}", SLURMD_NODENAME="n7", SLURMRESTD_SECURITY="x",
+                  SLURM_CONF="/etc/slurm/slurm.conf")
+    result = cli("submit", "slurm", str(job), env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = dict(item.split("=", 1) for item in (tmp_path / "sbatch.env").read_text().split("\0")[:-1])
+    assert {k for k in seen if k.startswith("SLURM")} == {"SLURM_CONF"}, seen

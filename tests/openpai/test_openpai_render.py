@@ -158,7 +158,7 @@ def test_job_path_is_quoted_in_the_command() -> None:
 def test_render_refuses_what_would_fail_later(change: dict, key: str, message: str) -> None:
     """Missing or inconsistent values fail at render time, naming the job-file key."""
     job = replace(load_job(HERE / "jobs" / "minimal.yaml"), **change)
-    with pytest.raises(JobSpecError, match=rf"minimal.yaml: {key}: .*{message}"):
+    with pytest.raises(JobSpecError, match=rf"minimal.yaml:[0-9]+: {key}: .*{message}"):
         render_openpai(job, "minimal.yaml")
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import paramiko
 
+from clusterddp.atomicfile import append_whole
 from clusterddp.launch.ssh.hosts import Host
 
 # paramiko logs a failed handshake from its transport thread, traceback included, through
@@ -83,8 +84,7 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _known_hosts_lock:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o700, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line)
+            append_whole(self.path, line)  # a full disk must not leave half a key line
 
 
 def open_client(host: Host, settings: ConnectSettings) -> paramiko.SSHClient:

@@ -71,7 +71,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     ssh = replace(job.ssh, config_file=_job_path(job, job.ssh.config_file),
                   known_hosts=_job_path(job, job.ssh.known_hosts),
                   identity_file=_job_path(job, job.ssh.identity_file))
-    hosts = resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file))
+    hosts = resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file, dry_run=options.dry_run))
     low, high = _node_bounds(job, hosts)
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys)
     run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
@@ -225,7 +225,7 @@ def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]
     """What every host's launcher gets from the head: the allow-list, ``ssh.env_allow``, the
     ``env_passthrough`` variables (an unset one is an error before any host is contacted), then
     the job's ``env:``."""
-    passthrough_env(job.env_passthrough, head_env, job.source or "<command line>", job.env)
+    passthrough_env(job.env_passthrough, head_env, job.source or "<command line>", job.env, job.line_of)
     return {**forwarded_env(head_env, job.ssh.env_allow, job.env_passthrough), **job.env}
 
 
@@ -255,10 +255,14 @@ def _entries(job: JobSpec, options: FanoutOptions) -> list[HostEntry]:
     elif job.ssh.hostfile:
         entries = read_hostfile(_job_path(job, job.ssh.hostfile) or job.ssh.hostfile)
     elif job.ssh.hosts:
-        entries = entries_from_list(job.ssh.hosts, f"{job.source or 'job'}: ssh.hosts")
+        places = [job.where(f"ssh.hosts[{i}]") for i in range(len(job.ssh.hosts))]
+        entries = entries_from_list(job.ssh.hosts, f"{job.source or 'job'}: ssh.hosts", places)
     else:
         raise RemoteError("no hosts to fan out to", "give --hostfile, or ssh.hosts / ssh.hostfile in the job file")
-    return select_hosts(entries, options.include or job.ssh.include, (*job.ssh.exclude, *options.exclude))
+    # Patterns from the job file carry their file:line: key; the flags' are named as flags.
+    include = options.include or [(p, job.where(f"ssh.include[{i}]")) for i, p in enumerate(job.ssh.include)]
+    exclude = [(p, job.where(f"ssh.exclude[{i}]")) for i, p in enumerate(job.ssh.exclude)]
+    return select_hosts(entries, include, [*exclude, *options.exclude])
 
 
 def _job_path(job: JobSpec, path: str | None) -> str | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
+import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,11 +19,14 @@ import paramiko
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry
 from clusterddp.sections.ssh import SSHSpec
+from clusterddp.validate import shown
 
 DEFAULT_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 #: ssh_config options that would change how we connect and that paramiko cannot honour here.
 UNSUPPORTED = ("proxycommand", "proxyjump")
+#: A ``Match`` line as paramiko reads it (``Match`` or ``Match=``, any case); group 1: criteria.
+_MATCH = re.compile(r"\s*match(?:\s*=\s*|\s+)(.*?)\s*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -45,17 +50,48 @@ class Host:
         return f"{self.user}@{self.address}:{self.port}"
 
 
-def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
-    """The ssh_config to honour: ``path`` (must exist), else ~/.ssh/config when present."""
+def load_ssh_config(path: str | None, dry_run: bool = False) -> paramiko.SSHConfig:
+    """The ssh_config to honour: ``path`` (must exist), else ~/.ssh/config when present.
+
+    ``dry_run``: a ``Match exec`` block is refused. Looking a host up runs its command on this
+    machine (paramiko, like OpenSSH, runs it to decide whether the block applies), and a dry
+    run runs nothing of the user's. Skipping it instead would print a plan the real run
+    might not follow."""
     chosen = os.path.expanduser(path or DEFAULT_CONFIG)
     if not os.path.exists(chosen):
         if path:
             raise RemoteError(f"ssh config file {path} not found", "fix ssh.config_file in the job file")
         return paramiko.SSHConfig()
     try:
+        if dry_run:
+            _refuse_match_exec(chosen)
         return paramiko.SSHConfig.from_path(chosen)
-    except (OSError, paramiko.ConfigParseError) as exc:
+    except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
         raise RemoteError(f"cannot read ssh config {chosen}: {exc}") from None
+
+
+def _refuse_match_exec(path: str) -> None:
+    """Raise naming ``path:line`` of the first ``Match ... exec CMD`` (paramiko's reading of
+    the keyword list: each criterion takes one argument, except all, canonical and final)."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for number, raw in enumerate(lines, start=1):
+        found = _MATCH.fullmatch(raw)
+        if not found:
+            continue
+        try:
+            words = shlex.split(found.group(1))
+        except ValueError:
+            continue  # paramiko refuses the line itself when it parses the file
+        while words:
+            keyword = words.pop(0).lstrip("!").lower()
+            if keyword == "exec":
+                command = shown(words[0] if words else "", 80)
+                raise RemoteError(f"{path}:{number}: Match exec {command} would run on this machine to "
+                                  "resolve the hosts, and a dry run runs nothing of yours",
+                                  "run without --dry-run, or give the dry run an ssh.config_file without Match exec")
+            if keyword not in ("all", "canonical", "final") and words:
+                words.pop(0)
 
 
 def resolve_hosts(entries: Sequence[HostEntry], spec: SSHSpec, config: paramiko.SSHConfig) -> list[Host]:

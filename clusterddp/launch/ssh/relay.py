@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clusterddp import exitcodes
+from clusterddp.atomicfile import WriteError
 from clusterddp.launch.ssh import io
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
@@ -214,8 +215,11 @@ class Relay:
         title = round_.title(len(self.launchers))
         lines = [f"clusterddp: {title}"] + [f"  {line}" for line in merged.lines()]
         if self.log_dir is not None and round_.answers:
-            path = Path(write_stacks_report(merged.text(title), self.log_dir)).resolve()
-            lines.append(f"  summary and each host's full-dump path: {path}")
+            try:
+                path = Path(write_stacks_report(merged.text(title), self.log_dir)).resolve()
+                lines.append(f"  summary and each host's full-dump path: {path}")
+            except WriteError as exc:  # a full log disk must not end the relay
+                lines.append(f"  summary not written: {exc.strerror}")
         self.console.write_err("\n".join(lines) + "\n")
         if round_.why == "hang":
             self._hang_reported = True
