@@ -217,7 +217,7 @@ class WorkerOutput:
             self.last_line_at = time.monotonic()
             self._take(stream, data)
         if stream.pending:
-            self._lines(stream, bytes(stream.pending) + b"\n")
+            self._unterminated(stream, bytes(stream.pending))
         elif stream.overlong:
             self._write_log(b"\n")
         pipe.close()
@@ -269,6 +269,14 @@ class WorkerOutput:
             block = b"".join(mask(line[:LINE_LIMIT], cut=True) + mark + b"\n" if len(line) > LINE_LIMIT
                              else line + b"\n" for line in block[:-1].split(b"\n"))
         self._show(stream, block)
+
+    def _unterminated(self, stream: _Stream, line: bytes) -> None:
+        """The last line, without its newline: the worker may have died inside it (killed at
+        teardown halfway through a print), so it is shown as a cut line."""
+        self._write_log(line + b"\n")
+        if stream.is_err:
+            self.stderr_tail.append(self._tail_line(line, more=True))
+        self._show(stream, mask(line, cut=True) + b"\n")
 
     @staticmethod
     def _tail_line(line: bytes, more: bool = False) -> str:

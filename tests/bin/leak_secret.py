@@ -3,7 +3,8 @@
 argv[2] "stream": on stdout whole; on stderr in two writes of one line, then at the end of a
 2000-character line (the report's cut falls inside it). "long": across the console's 64 KiB
 cut of a stdout line. "record": in the message and traceback of a torch-style @record error
-file (TORCHELASTIC_ERROR_FILE), as a repr would show it.
+file (TORCHELASTIC_ERROR_FILE), as a repr would show it. "half": the first half of it as the
+last, unterminated line on stdout and stderr (as a worker killed inside a print leaves it).
 """
 import json
 import os
@@ -31,4 +32,8 @@ elif mode == "record":
     with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
         json.dump({"message": {"message": f"ValueError: bad key {value}",
                                "extraInfo": {"py_callstack": callstack, "timestamp": "0"}}}, f)
+elif mode == "half":
+    for stream in (out, err):
+        stream.write(b"half: " + secret[:len(secret) // 2])
+        stream.flush()
 sys.exit(1)

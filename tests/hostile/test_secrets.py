@@ -188,6 +188,14 @@ def test_console_cut_at_64k_masks_a_secret_it_splits(tmp_path: Path) -> None:
     assert SECRET[:5].encode() not in stdout
 
 
+def test_unterminated_last_line_masks_the_start_of_a_secret(tmp_path: Path) -> None:
+    """A worker gone halfway through printing its secret: the unterminated last line, on the
+    console and in the report, ends in *** (the rest never came; the start is masked)."""
+    stdout, stderr = leak(tmp_path, "half")
+    assert b"rank 0] half: ***\n" in stdout and b"      half: ***\n" in report_part(stderr), stdout + stderr
+    assert SECRET[:5].encode() not in stdout + stderr
+
+
 def test_record_error_file_traceback_is_masked(tmp_path: Path) -> None:
     """The @record error file's message and traceback (a repr of the value) reach the report masked."""
     _, stderr = leak(tmp_path, "record", secret=SECRET + "'\\\"")
@@ -234,3 +242,41 @@ def test_cut_masks_a_trailing_start_of_a_secret() -> None:
     assert redact.mask(b"head Zq-cut", cut=True) == b"head ***"
     assert redact.mask(b"head Z", cut=True) == b"head ***"
     assert redact.mask(b"head Z") == b"head Z"
+
+
+def test_ssh_head_console_masks_what_it_prints() -> None:
+    """The head's Console masks a host's relayed line and its own report text, whatever the
+    host's launcher did (one that knew no secrets, or cut the line elsewhere)."""
+    import io
+
+    from clusterddp.launch.ssh.io import Console
+
+    redact.register("head-only-secret-77")
+    out, err = io.BytesIO(), io.BytesIO()
+    console = Console(out, err)
+    console.relay(None, "out", b"[cdssh1 rank 0] key head-only-secret-77\n")  # type: ignore[arg-type]
+    console.write_err("      last line: head-only-secret-77\n")
+    assert out.getvalue() == b"[cdssh1 rank 0] key ***\n" and err.getvalue() == b"      last line: ***\n"
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_ssh_head_masks_relayed_lines_and_the_remote_report(tmp_path: Path) -> None:
+    """Over SSH (2 sshd hosts): the secret a remote worker prints is *** in the head's relayed
+    lines and in the head's report of the remote root cause's last lines."""
+    from tests.testbed import lab_unavailable_reason, ssh_lab
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with ssh_lab(2) as lab:
+        job = write_job(tmp_path, script="leak_secret.py", args=["CANARY_TOKEN", "stream"], nproc_per_node=1,
+                        env_passthrough=["CANARY_TOKEN"],
+                        ssh={"config_file": str(lab.ssh_config), "connect_timeout": 3})
+        run = cli("run", str(job), "--hostfile", str(lab.hostfile), env=cli_env(CANARY_TOKEN=SECRET),
+                  cwd=tmp_path, timeout=180)
+    shown = run.stdout + run.stderr
+    assert run.returncode == 1, shown
+    assert "rank 0] token=***" in run.stdout and "last lines:" in run.stderr, shown
+    assert "split: *** end" in run.stderr[run.stderr.find("last lines:"):], shown
+    assert SECRET[:5] not in shown, shown
