@@ -103,9 +103,8 @@ class ConsoleSink:
         return text
 
     def write(self, label: bytes, line: bytes, stderr: bool) -> None:
-        """A worker's line (or several, each ending in a newline) with ``label`` before each:
-        masked of secrets, then its control characters shown escaped."""
-        line = visible(mask(line))
+        """A worker's line as shown (or several, each ending in a newline) with ``label``
+        before each; ``WorkerOutput`` masks and escapes it first."""
         if not line.endswith(b"\n"):
             line += b"\n"
         if label:
@@ -290,7 +289,8 @@ class WorkerOutput:
         # A rank whose log file failed is shown even when logs.ranks hides it: the console
         # is all that is left of its output.
         if self.console.shows(self.rank) or self.log_error is not None:
-            self.console.write(stream.label, block, stream.is_err)
+            # Masked before escaped: a secret holding a control character matches raw.
+            self.console.write(stream.label, visible(mask(block)), stream.is_err)
 
     def _write_log(self, data: bytes) -> None:
         failure = None
