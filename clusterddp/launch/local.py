@@ -12,7 +12,7 @@ from clusterddp.launch.run import RunOptions
 from clusterddp.launch import plan as planning
 from clusterddp.launch.logs import say
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
-from clusterddp.redact import passthrough_env
+from clusterddp.redact import passthrough_env, scrub
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology, check_port_free, resolve
 
@@ -63,10 +63,10 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node, options.restart_count)
     cwd = os.getcwd()
     plans = planning.worker_plans(job, topology, env, cwd)
-    if options.dry_run:
+    if options.dry_run:  # names passthrough variables; a value typed into args is masked too
         if relaunch:
-            print("would re-launch on every node: " + " ".join(relaunch))
-        print(planning.dry_run_text(job, topology, plans, env))
+            print(scrub("would re-launch on every node: " + " ".join(relaunch)))
+        print(scrub(planning.dry_run_text(job, topology, plans, env)))
         return 0
     if relaunch:
         sys.stdout.flush()

@@ -10,6 +10,9 @@ nobody drains blocks the worker (and then the whole job) on its next print.
   a worker prints (a 400 MB line costs the launcher no more than a short one).
 - A log file that cannot be written (ENOSPC, EIO, EROFS, any OSError) switches that rank to
   the console only, with one warning; the stderr tail for the report is kept in memory anyway.
+- Every line shown (on the console and in the report's last lines) is masked of known secrets
+  first (``redact.mask``, a cut line with ``cut=True``), then shown; the log file keeps the raw
+  bytes, secrets included.
 - On the console, control characters (ESC, so CSI/OSC sequences, BEL, CR, backspace, C1
   controls...) are shown escaped (``\\x1b``), tabs kept: a worker cannot move the cursor, retitle
   the terminal or hide text. The log file keeps the raw bytes.
@@ -28,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Deque, TextIO
 
+from clusterddp.redact import mask, scrub
 from clusterddp.validate import shown
 
 #: Lines of stderr kept per worker for the root-cause report.
@@ -99,7 +103,8 @@ class ConsoleSink:
         return text
 
     def write(self, label: bytes, line: bytes, stderr: bool) -> None:
-        """One line (or several, each ending in a newline) with ``label`` before each."""
+        """A worker's line as shown (or several, each ending in a newline) with ``label``
+        before each; ``WorkerOutput`` masks and escapes it first."""
         if not line.endswith(b"\n"):
             line += b"\n"
         if label:
@@ -107,8 +112,14 @@ class ConsoleSink:
         self.raw(line, stderr)
 
     def say(self, text: str, stderr: bool = True) -> None:
-        """The launcher's own message (report, warning, note): one or more whole lines."""
-        self.raw(text.encode("utf-8", "replace") + b"\n", stderr)
+        """The launcher's own message (report, warning, note): one or more whole lines, masked."""
+        self.raw(scrub(text).encode("utf-8", "replace") + b"\n", stderr)
+
+    def machine(self, line: str) -> None:
+        """A protocol line for the SSH head on stdout (result, stacks): read, never shown, so
+        written as is (masking could break its JSON); what it carries from workers, the
+        report's last lines, is masked where it is read (``WorkerOutput``, ``read_error_file``)."""
+        self.raw(line.encode("utf-8", "replace") + b"\n", False)
 
     def raw(self, data: bytes, stderr: bool) -> None:
         with self.lock:
@@ -205,7 +216,7 @@ class WorkerOutput:
             self.last_line_at = time.monotonic()
             self._take(stream, data)
         if stream.pending:
-            self._lines(stream, bytes(stream.pending) + b"\n")
+            self._unterminated(stream, bytes(stream.pending))
         elif stream.overlong:
             self._write_log(b"\n")
         pipe.close()
@@ -240,9 +251,10 @@ class WorkerOutput:
             stream.pending.clear()
             stream.overlong = True
             self._write_log(head)
-            self._show(stream, head[:LINE_LIMIT] + (_CUT_MARK_NO_LOG if self.log_error else _CUT_MARK) + b"\n")
+            self._show(stream, mask(head[:LINE_LIMIT], cut=True) + (_CUT_MARK_NO_LOG if self.log_error else _CUT_MARK)
+                       + b"\n")
             if stream.is_err:
-                self.stderr_tail.append(self._tail_line(head) + " [...]")
+                self.stderr_tail.append(self._tail_line(head, more=True) + " [...]")
 
     def _lines(self, stream: _Stream, block: bytes) -> None:
         """``block``: whole lines, each ending in a newline."""
@@ -253,19 +265,32 @@ class WorkerOutput:
             self.stderr_tail.extend(self._tail_line(line) for line in lines[-TAIL_LINES:])
         if len(block) > LINE_LIMIT:
             mark = _CUT_MARK_NO_LOG if self.log_error else _CUT_MARK
-            block = b"".join(line[:LINE_LIMIT] + mark + b"\n" if len(line) > LINE_LIMIT else line + b"\n"
-                             for line in block[:-1].split(b"\n"))
+            block = b"".join(mask(line[:LINE_LIMIT], cut=True) + mark + b"\n" if len(line) > LINE_LIMIT
+                             else line + b"\n" for line in block[:-1].split(b"\n"))
         self._show(stream, block)
 
+    def _unterminated(self, stream: _Stream, line: bytes) -> None:
+        """The last line, without its newline: the worker may have died inside it (killed at
+        teardown halfway through a print), so it is shown as a cut line."""
+        self._write_log(line + b"\n")
+        if stream.is_err:
+            self.stderr_tail.append(self._tail_line(line, more=True))
+        self._show(stream, mask(line, cut=True) + b"\n")
+
     @staticmethod
-    def _tail_line(line: bytes) -> str:
-        return line[:TAIL_LINE_CHARS * 4].decode(errors="replace")[:TAIL_LINE_CHARS]
+    def _tail_line(line: bytes, more: bool = False) -> str:
+        """A stderr line as the report shows it: masked, at most TAIL_LINE_CHARS characters.
+        ``more``: the line goes on past ``line``; a secret split by either cut is masked too."""
+        piece = line[:TAIL_LINE_CHARS * 4]
+        text = mask(piece, cut=more or len(piece) < len(line)).decode(errors="replace")
+        return scrub(text[:TAIL_LINE_CHARS], cut=True) if len(text) > TAIL_LINE_CHARS else text
 
     def _show(self, stream: _Stream, block: bytes) -> None:
         # A rank whose log file failed is shown even when logs.ranks hides it: the console
         # is all that is left of its output.
         if self.console.shows(self.rank) or self.log_error is not None:
-            self.console.write(stream.label, visible(block), stream.is_err)
+            # Masked before escaped: a secret holding a control character matches raw.
+            self.console.write(stream.label, visible(mask(block)), stream.is_err)
 
     def _write_log(self, data: bytes) -> None:
         failure = None

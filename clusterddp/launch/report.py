@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from clusterddp.exitcodes import PREEMPTED
 from clusterddp.launch.logs import visible_text
+from clusterddp.redact import scrub
 
 
 @dataclass
@@ -58,7 +59,12 @@ class WorkerExit:
 
 
 def read_error_file(path: str) -> list[str]:
-    """The message and traceback torch's ``@record`` wrote, as lines; [] when absent."""
+    """The message and traceback torch's ``@record`` wrote, as lines masked of secrets (they
+    go to the report and to the SSH head); [] when absent."""
+    return [scrub(line) for line in _error_file_lines(path)]
+
+
+def _error_file_lines(path: str) -> list[str]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

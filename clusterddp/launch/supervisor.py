@@ -111,7 +111,7 @@ class LocalSupervisor:
 
     def _emit(self, line: str) -> None:
         """A machine-readable line on stdout, for the SSH head."""
-        self.console.say(line, stderr=False)
+        self.console.machine(line)
 
     def _request_stacks(self) -> None:
         self._stacks_requested = True

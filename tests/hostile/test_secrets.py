@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,144 @@ def test_sbatch_gets_no_slurmd_variable(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     seen = dict(item.split("=", 1) for item in (tmp_path / "sbatch.env").read_text().split("\0")[:-1])
     assert {k for k in seen if k.startswith("SLURM")} == {"SLURM_CONF"}, seen
+
+
+# -- a worker that prints its secret: the console and the report mask it, the log keeps it ----
+
+def leak(tmp_path: Path, mode: str, secret: str = SECRET) -> tuple[bytes, bytes]:
+    """``clusterddp run`` of tests/bin/leak_secret.py MODE with CANARY_TOKEN passed through:
+    (stdout, stderr) as bytes (a secret need not be UTF-8); the job fails (exit 1)."""
+    job = write_job(tmp_path, script="leak_secret.py", args=["CANARY_TOKEN", mode], nproc_per_node=1,
+                    env_passthrough=["CANARY_TOKEN"])
+    run = subprocess.run([sys.executable, "-m", "clusterddp", "run", str(job)], cwd=tmp_path,
+                         env=cli_env(CANARY_TOKEN=secret), capture_output=True, timeout=120)
+    assert run.returncode == 1, run.stderr.decode(errors="replace")
+    return run.stdout, run.stderr
+
+
+def report_part(stderr: bytes) -> bytes:
+    """The failure report: from its first line to the end of stderr."""
+    start = stderr.find(b"clusterddp: job '")
+    assert start >= 0, stderr.decode(errors="replace")
+    return stderr[start:]
+
+
+def test_report_last_lines_mask_a_printed_secret(tmp_path: Path) -> None:
+    """The report's last lines show *** for a secret printed in two writes and for one the
+    2000-character cut splits; the rank's log file keeps the raw bytes."""
+    _, stderr = leak(tmp_path, "stream")
+    report = report_part(stderr)
+    assert b"last lines:" in report and b"split: *** end" in report, report.decode(errors="replace")
+    assert SECRET[:5].encode() not in report, report.decode(errors="replace")
+    assert b"x" * 1995 + b"***" in report
+    log = next((tmp_path / "logs").rglob("rank0.log")).read_bytes()
+    assert log.count(SECRET.encode()) == 3
+
+
+def test_live_console_relay_masks_a_printed_secret(tmp_path: Path) -> None:
+    """Relayed worker lines on stdout and stderr show *** where the worker printed the secret."""
+    stdout, stderr = leak(tmp_path, "stream")
+    console_err = stderr[:stderr.find(b"clusterddp: job '")]
+    assert b"rank 0] token=***\n" in stdout and b"rank 0] split: *** end\n" in console_err, stdout + stderr
+    assert SECRET[:5].encode() not in stdout + console_err
+
+
+def test_console_cut_at_64k_masks_a_secret_it_splits(tmp_path: Path) -> None:
+    """A secret across the console's 64 KiB cut: the shown piece ends in *** before the cut mark."""
+    stdout, _ = leak(tmp_path, "long")
+    assert b"y" * (64 * 1024 - 5) + b"*** [... line cut at 64 KiB" in stdout, stdout[-200:]
+    assert SECRET[:5].encode() not in stdout
+
+
+def test_unterminated_last_line_masks_the_start_of_a_secret(tmp_path: Path) -> None:
+    """A worker gone halfway through printing its secret: the unterminated last line, on the
+    console and in the report, ends in *** (the rest never came; the start is masked)."""
+    stdout, stderr = leak(tmp_path, "half")
+    assert b"rank 0] half: ***\n" in stdout and b"      half: ***\n" in report_part(stderr), stdout + stderr
+    assert SECRET[:5].encode() not in stdout + stderr
+
+
+def test_record_error_file_traceback_is_masked(tmp_path: Path) -> None:
+    """The @record error file's message and traceback (a repr of the value) reach the report masked."""
+    _, stderr = leak(tmp_path, "record", secret=SECRET + "'\\\"")
+    report = report_part(stderr)
+    assert b"ValueError: bad key '***'" in report, report.decode(errors="replace")
+    assert SECRET[:5].encode() not in report
+
+
+@pytest.mark.parametrize("secret", [
+    pytest.param("k.*+?^$(x)[y]{2}|\\d-ab12", id="regex-metacharacters"),
+    pytest.param("first-line-AAAA\nsecond-line-BBBB", id="newline-inside"),
+    pytest.param("\udcff\udcfe-raw-bytes-7q3", id="not-utf8"),
+    pytest.param("tab\there-and-\x1b[31mred", id="controls"),
+])
+def test_hard_secrets_are_masked_everywhere(tmp_path: Path, secret: str) -> None:
+    """Metacharacters, a newline, undecodable bytes, control characters: no line of the value
+    reaches stdout or stderr (console and report), raw or escaped."""
+    stdout, stderr = leak(tmp_path, "stream", secret)
+    shown = stdout + stderr
+    raw = secret.encode("utf-8", "surrogateescape")
+    pieces = [raw, *raw.split(b"\n"), secret.encode("unicode_escape"), raw.replace(b"\x1b", b"\\x1b")]
+    assert not [piece for piece in pieces if piece in shown], shown.decode(errors="replace")
+    assert b"token=***" in stdout
+
+
+def test_dry_run_masks_a_secret_typed_into_args(tmp_path: Path) -> None:
+    """A passthrough value also written into the job's args: the dry run's argv shows ***."""
+    job = write_job(tmp_path, script="dump_env.py", args=["--key", SECRET], nproc_per_node=1,
+                    env_passthrough=["CANARY_TOKEN"])
+    dry = cli("run", str(job), "--dry-run", env=cli_env(CANARY_TOKEN=SECRET), cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "--key ***" in dry.stdout and SECRET not in dry.stdout + dry.stderr, dry.stdout
+
+
+def test_short_values_are_not_masked() -> None:
+    """A value under MIN_SECRET_CHARS is left alone: masking every "on" would garble all output."""
+    redact.register("on1")
+    assert redact.scrub("on1 and on1") == "on1 and on1"
+
+
+def test_cut_masks_a_trailing_start_of_a_secret() -> None:
+    """mask(cut=True): the start of a secret at the end of a cut piece is masked, even 1 byte."""
+    redact.register("Zq-cut-secret-9")
+    assert redact.mask(b"head Zq-cut", cut=True) == b"head ***"
+    assert redact.mask(b"head Z", cut=True) == b"head ***"
+    assert redact.mask(b"head Z") == b"head Z"
+
+
+def test_ssh_head_console_masks_what_it_prints() -> None:
+    """The head's Console masks a host's relayed line and its own report text, whatever the
+    host's launcher did (one that knew no secrets, or cut the line elsewhere)."""
+    import io
+
+    from clusterddp.launch.ssh.io import Console
+
+    redact.register("head-only-secret-77")
+    out, err = io.BytesIO(), io.BytesIO()
+    console = Console(out, err)
+    console.relay(None, "out", b"[cdssh1 rank 0] key head-only-secret-77\n")  # type: ignore[arg-type]
+    console.write_err("      last line: head-only-secret-77\n")
+    assert out.getvalue() == b"[cdssh1 rank 0] key ***\n" and err.getvalue() == b"      last line: ***\n"
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_ssh_head_masks_relayed_lines_and_the_remote_report(tmp_path: Path) -> None:
+    """Over SSH (2 sshd hosts): the secret a remote worker prints is *** in the head's relayed
+    lines and in the head's report of the remote root cause's last lines."""
+    from tests.testbed import lab_unavailable_reason, ssh_lab
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with ssh_lab(2) as lab:
+        job = write_job(tmp_path, script="leak_secret.py", args=["CANARY_TOKEN", "stream"], nproc_per_node=1,
+                        env_passthrough=["CANARY_TOKEN"],
+                        ssh={"config_file": str(lab.ssh_config), "connect_timeout": 3})
+        run = cli("run", str(job), "--hostfile", str(lab.hostfile), env=cli_env(CANARY_TOKEN=SECRET),
+                  cwd=tmp_path, timeout=180)
+    shown = run.stdout + run.stderr
+    assert run.returncode == 1, shown
+    assert "rank 0] token=***" in run.stdout and "last lines:" in run.stderr, shown
+    assert "split: *** end" in run.stderr[run.stderr.find("last lines:"):], shown
+    assert SECRET[:5] not in shown, shown

@@ -10,12 +10,13 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.launch.ssh.attempts import choose_hosts, start_line, too_few
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host
+from clusterddp.launch.ssh.io import Console
 from clusterddp.launch.ssh.options import FanoutOptions
 from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_hosts,
                                              raise_problems, start_sessions)
@@ -44,8 +45,8 @@ class Launch:
     #: ``nodes`` as (MIN, MAX): every listed host for a fixed count, the job's range for "MIN:MAX".
     low: int
     high: int
-    out: BinaryIO
-    err: BinaryIO
+    #: The head's stdout and stderr: everything the head prints goes through it, masked.
+    console: Console
 
 
 @dataclass

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
@@ -25,7 +25,7 @@ from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, 
 from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
-from clusterddp.launch.ssh.io import RemoteLauncher
+from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.options import FanoutOptions
 from clusterddp.launch.ssh.preflight import PreflightError
 from clusterddp.launch.ssh.relay import Outcome, Relay
@@ -64,9 +64,8 @@ class _Stop:
 def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     """Run ``job`` on every host (restarting the whole job up to ``restarts`` times); return the
     exit code (0, or the first failure's of the last attempt)."""
-    out = options.stdout or sys.stdout.buffer
-    err = options.stderr or sys.stderr.buffer
-    say = _sayer(err)
+    console = Console(options.stdout or sys.stdout.buffer, options.stderr or sys.stderr.buffer)
+    say = console.say
     entries = _entries(job, options)
     ssh = replace(job.ssh, config_file=_job_path(job, job.ssh.config_file),
                   known_hosts=_job_path(job, job.ssh.known_hosts),
@@ -82,7 +81,7 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     launch = Launch(job=job, options=options, hosts=hosts, settings=settings, run_id=run_id,
                      master_addr=master_addr, python=job.python or sys.executable, cwd=options.cwd or os.getcwd(),
                      base_env=head_launch_env(job, head_env), target=target, paths=paths, low=low, high=high,
-                     out=out, err=err)
+                     console=console)
     _raise_fd_limit(len(hosts), say)
     nodes = f", nodes {low}:{high} of {len(hosts)} listed" if job.elastic else ""
     say(f"{len(hosts)} hosts{nodes}, run id {run_id}; host keys: {settings.policy_name}")
@@ -123,9 +122,8 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None]) -> int:
                     say(f"  {detail}")
                 return _finish(attempts, say)
             if launch.options.dry_run:
-                launch.out.write(dry_run_text(launch.job, start.plans, start.sessions, start.master_addr,
-                                              start.master_port, launch.run_id).encode())
-                launch.out.flush()
+                launch.console.write_out(dry_run_text(launch.job, start.plans, start.sessions, start.master_addr,
+                                                      start.master_port, launch.run_id))
                 return 0
             if stop.signum is not None:
                 say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
@@ -193,7 +191,7 @@ def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]
 
 def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
     """One attempt: GO to every chosen host, relay until the end, report its failure."""
-    job, err = launch.job, launch.err
+    job = launch.job
     log_dir = Path(job.logs.dir) / launch.run_id
     log_dir.mkdir(parents=True, exist_ok=True)
     launchers = [RemoteLauncher(session=s, plan=p, log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
@@ -203,7 +201,7 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
             launcher.log.write(restart_marker(number))
     write_launcher_file(log_dir, socket.gethostname(), launch.run_id,
                         list(range(sum(p.nproc for p in start.plans))), hosts=[p.host for p in start.plans])
-    relay = Relay(launchers, launch.out, err, launch.settings, grace_period=job.grace_period,
+    relay = Relay(launchers, launch.console, launch.settings, grace_period=job.grace_period,
                   heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir)
     stop.relay = relay
     if stop.signum is not None:
@@ -216,8 +214,7 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
             launcher.log.close()
     report = format_outcome(job.name, outcome)
     if report:
-        err.write((report + f"\n  head's copy of each host's output: {log_dir}/ssh-<host>.log\n").encode())
-        err.flush()
+        launch.console.write_err(report + f"\n  head's copy of each host's output: {log_dir}/ssh-<host>.log\n")
     return outcome
 
 
@@ -285,13 +282,6 @@ def _raise_fd_limit(n_hosts: int, say) -> None:  # type: ignore[no-untyped-def]
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
             say(f"warning: {n_hosts} hosts need about {needed} file descriptors, the hard limit is {hard}")
-
-
-def _sayer(err: BinaryIO):  # type: ignore[no-untyped-def]
-    def say(message: str) -> None:
-        err.write(f"clusterddp: {message}\n".encode())
-        err.flush()
-    return say
 
 
 def _install(stop: _Stop) -> None:

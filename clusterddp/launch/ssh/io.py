@@ -17,6 +17,7 @@ from clusterddp.launch.ssh.outcome import HostState
 from clusterddp.launch.ssh.preflight import HostSession
 from clusterddp.launch.ssh.remote_command import LaunchPlan
 from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result
+from clusterddp.redact import mask
 
 #: ``(launcher, "out" | "err", line ending in a newline)``
 LineHandler = Callable[["RemoteLauncher", str, bytes], None]
@@ -42,7 +43,10 @@ class RemoteLauncher(HostState):
 
 
 class Console:
-    """The head's stdout and stderr, shared by the relay loop and the kill threads."""
+    """The head's stdout and stderr, shared by the relay loop and the kill threads: every
+    line the head prints (relayed from a host, its own messages and report) is masked of the
+    secrets it forwards (``redact.mask``): a host's launcher masks its own lines, but a line
+    cut or joined differently, or a launcher that knew fewer secrets, leaks nothing here."""
 
     def __init__(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
         self.stdout = stdout
@@ -54,18 +58,24 @@ class Console:
         self.write_err(f"clusterddp: {message}\n")
 
     def write_err(self, text: str) -> None:
+        """Whole lines of the head's own on stderr."""
+        self._write(self.stderr, text.encode("utf-8", "replace"))
+
+    def write_out(self, text: str) -> None:
+        """Whole lines of the head's own on stdout (the dry run)."""
+        self._write(self.stdout, text.encode("utf-8", "replace"))
+
+    def _write(self, stream: BinaryIO, data: bytes) -> None:
         with self._lock:
-            self.stderr.write(text.encode())
-            self.stderr.flush()
+            stream.write(mask(data))
+            stream.flush()
 
     def relay(self, launcher: RemoteLauncher, stream: str, line: bytes) -> None:
         """A host's line on the head's matching stream; the launcher's own messages (not
         ``[rank ...]`` prefixed by its workers' relay) say which host they come from."""
         if not line.startswith(b"["):
             line = f"[{launcher.name}] ".encode() + line
-        out = self.stdout if stream == "out" else self.stderr
-        out.write(line)
-        out.flush()
+        self._write(self.stdout if stream == "out" else self.stderr, line)
 
 
 def send_plan(launcher: RemoteLauncher) -> None:

@@ -30,7 +30,6 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from clusterddp import exitcodes
 from clusterddp.atomicfile import WriteError
@@ -60,11 +59,11 @@ class Outcome:
 class Relay:
     """Drives all launchers from GO to the end; see the module docstring for teardown."""
 
-    def __init__(self, launchers: list[RemoteLauncher], stdout: BinaryIO, stderr: BinaryIO,
+    def __init__(self, launchers: list[RemoteLauncher], console: Console,
                  settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
                  log_dir: Path | None = None) -> None:
         self.launchers = launchers
-        self.console = Console(stdout, stderr)
+        self.console = console
         self.heartbeat_interval = heartbeat_interval
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None

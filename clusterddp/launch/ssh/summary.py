@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from clusterddp.exitcodes import HANG
+from clusterddp.launch.logs import visible_text
 from clusterddp.launch.ssh.io import RemoteLauncher
 from clusterddp.launch.ssh.relay import Outcome
 
@@ -24,7 +25,8 @@ def format_outcome(job_name: str, outcome: Outcome) -> str:
             lines.append(f"    log:        {cause.get('log')} (on {root.name})")
             if cause.get("tail"):
                 lines.append("    last lines:")
-                lines.extend(f"      {line}" for line in cause["tail"])
+                # A worker's own words, as the host's report shows them (the head's Console masks).
+                lines.extend(f"      {visible_text(str(line))}" for line in cause["tail"])
         if outcome.exit_code == HANG and outcome.stop_reason:
             lines.append(f"    verdict:    {outcome.stop_reason}")
     elif outcome.exit_code != 0:
