@@ -1,5 +1,6 @@
 """Each rank starts two DataLoader-style children (one leaves the process group), records all
-pids in argv[1]/rank<R>.pids, then rank 0 fails so the launcher must reap the trees."""
+pids in argv[1]/rank<R>.pids, then rank 0 fails so the launcher must reap the trees (with
+argv[2] == 'stay' no rank fails: every rank sleeps, so the launcher can be killed)."""
 import multiprocessing
 import os
 import subprocess
@@ -21,6 +22,6 @@ if __name__ == "__main__":
     with open(os.path.join(out, f"rank{rank}.pids"), "w") as f:
         f.write(f"{os.getpid()} {child.pid} {escaped.pid}")
     time.sleep(1.0)
-    if rank == "0":
+    if rank == "0" and sys.argv[2:] != ["stay"]:
         os._exit(4)  # a crash: no atexit joins, the children are orphaned
     time.sleep(600)
