@@ -265,9 +265,9 @@ def _reapers_of(launcher: int) -> set[int]:
     return found
 
 
-def _job_pids(directory: Path) -> list[int]:
+def _job_pids(directory: Path, ranks: int = 2) -> list[int]:
     """Every rank's pid and its two children's (plain, setsid) from with_children.py's files."""
-    assert wait_for(lambda: [len(f.read_text().split()) for f in directory.glob("rank*.pids")] == [3, 3],
+    assert wait_for(lambda: [len(f.read_text().split()) for f in directory.glob("rank*.pids")] == [3] * ranks,
                     timeout=20), list(directory.iterdir())
     return [int(pid) for f in directory.glob("rank*.pids") for pid in f.read_text().split()]
 
@@ -301,6 +301,31 @@ def test_a_lost_reaper_is_replaced_before_kill_9_of_the_launcher(tmp_path: Path,
             f"alive after kill -9: {[p for p in pids if _alive(p)]} of {pids}"
         assert wait_for(lambda: not _cgroups_of(proc.pid), timeout=6), _cgroups_of(proc.pid)
         assert f"the reaper (pid {lost.pop()})" in err and "started a new one" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _end_leftovers(pids + list(lost))
+
+
+def test_a_reaper_lost_during_teardown_is_replaced_too(tmp_path: Path) -> None:
+    """Reaper killed in a teardown's grace period, then kill -9 of the launcher: the setsid child still dies."""
+    job = write_job(tmp_path, script="with_children.py", args=[str(tmp_path), "stubborn"], grace_period=60,
+                    nproc_per_node=1)
+    proc = start_cli("run", str(job))
+    pids: list[int] = []
+    lost: set[int] = set()
+    try:
+        pids = _job_pids(tmp_path, ranks=1)
+        lost = _reapers_of(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the rank ignores it: the launcher waits out the grace period
+        assert wait_for(lambda: not _alive(pids[1]), timeout=10)  # the plain child took the SIGTERM
+        os.kill(lost.copy().pop(), signal.SIGKILL)
+        time.sleep(0.5)
+        proc.kill()
+        _out, err = proc.communicate(timeout=10)
+        assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), \
+            f"alive after kill -9: {[p for p in pids if _alive(p)]} of {pids}"
+        assert "started a new one" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
