@@ -278,9 +278,11 @@ class WorkerGroup:
         """Wait for the workers to exit until the deadline (the caller escalates after),
         replacing a reaper lost meanwhile: a kill -9 of the launcher during a long grace
         period must still take every worker's children along."""
+        delay = 0.0005  # as Popen.wait: quick to see a worker that dies on SIGTERM at once
         while any(w.proc.poll() is None for w in workers) and time.monotonic() < deadline:
             self._keep_reaper()
-            time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.005)
 
     def _finish(self, worker: Worker, deadline: float) -> None:
         """The worker's exit, its output drained (until ``deadline``), its report tail."""
