@@ -13,9 +13,10 @@ Each layer covers what the one before misses; together nothing outlives the laun
    comes back to it instead of init, and is killed and reaped at teardown; the reaper is told
    its pid, so it dies with a launcher killed by SIGKILL too (once adopted: ~0.1 s);
 6. the job's cgroup v2 (``cgroup.py``), where one can be created: everything, whatever it does;
-7. a forked *reaper* holds a pipe from the launcher and, when it reads EOF without the
-   all-clear (the launcher is gone, however it died), SIGKILLs every worker process group and
-   adopted orphan it was told about, the marked processes, and the job's cgroup.
+7. a forked *reaper* (``reaper.py``) holds a pipe from the launcher and, when it reads EOF
+   without the all-clear (the launcher is gone, however it died), SIGKILLs every worker
+   process group and adopted orphan it was told about, the marked processes, and the job's
+   cgroup; a reaper that dies or is stopped is replaced at once (it is the launcher's child).
 
 Only specific pids are ever waited for, never ``waitpid(-1)``: that would steal the exit
 statuses of subprocess.Popen's workers.
@@ -24,11 +25,9 @@ statuses of subprocess.Popen's workers.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 import subprocess
-import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from clusterddp.launch import cgroup as cgroups
@@ -232,94 +231,3 @@ def live_groups(pgids: Iterable[int]) -> set[int]:
     if not pending:
         return pending
     return {stat[2] for _pid, stat in _stats() if stat[2] in pending and stat[0] not in "ZX"}
-
-
-#: The launcher's last line to the reaper on a normal end: nothing to kill by pid (those pids
-#: are reaped and may be reused by now); only the marker and the cgroup are checked.
-_ALL_CLEAR = b"done"
-
-
-class Reaper:
-    """A forked guard that kills everything registered when the launcher dies."""
-
-    def __init__(self, token: str, cgroup_dir: str | None = None) -> None:
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the reaper
-            os.close(write_end)
-            _reaper_main(read_end, token, cgroup_dir)
-        os.close(read_end)
-        self.pid = pid
-        self._pipe = os.fdopen(write_end, "w", buffering=1)
-        os.set_inheritable(write_end, False)
-
-    def watch(self, pgid: int) -> None:
-        """Tell the reaper about a worker's process group."""
-        self._send(f"{pgid}\n")
-
-    def watch_pid(self, pid: int) -> None:
-        """Tell the reaper about one process (an orphan adopted by the launcher)."""
-        self._send(f"p{pid}\n")
-
-    def _send(self, line: str) -> None:
-        try:
-            self._pipe.write(line)
-        except (OSError, ValueError):
-            pass
-
-    def close(self) -> None:
-        """Normal end: everything is already dead; let the reaper check once more and exit."""
-        self._send(_ALL_CLEAR.decode() + "\n")
-        try:
-            self._pipe.close()
-        except OSError:
-            pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
-
-
-def _reaper_main(read_end: int, token: str, cgroup_dir: str | None) -> None:
-    """Body of the reaper process: read pgids until EOF, then kill them all. Never returns."""
-    try:
-        os.setsid()  # out of the terminal's process group: Ctrl-C is for the launcher
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_IGN)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):  # do not hold the launcher's console/pipes open after it exits
-            os.dup2(devnull, fd)
-        os.closerange(3, read_end)
-        os.closerange(read_end + 1, 1024)
-        lines = _read_until_eof(read_end)
-        if _ALL_CLEAR not in lines:
-            for line in lines:
-                if line.startswith(b"p") and line[1:].isdigit():
-                    kill_pids([int(line[1:])])
-                elif line.isdigit():
-                    signal_group(int(line), signal.SIGKILL)
-        if cgroup_dir:
-            cgroups.kill(cgroup_dir)
-        kill_marked(token)
-        if cgroup_dir:
-            cgroups.remove(cgroup_dir, time.monotonic() + 5.0)
-    finally:
-        os._exit(0)
-
-
-def _read_until_eof(fd: int) -> set[bytes]:
-    lines: set[bytes] = set()
-    buffer = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError as exc:
-            if exc.errno == errno.EINTR:
-                continue
-            break
-        if not chunk:
-            break
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        lines.update(line.strip() for line in complete if line.strip())
-    return lines

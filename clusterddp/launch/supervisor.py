@@ -183,6 +183,9 @@ class LocalSupervisor:
     def _supervise(self) -> WorkerExit | None:
         """Wait until all succeed (None) or the first failure (returned) or a stop request."""
         while True:
+            cause = self.group.check_reaper()  # its SIGCHLD woke us: replaced within ms
+            if cause is not None:
+                self.request_stop(cause)
             if self._stop_reason is not None or self._hang_reason is not None:
                 return None
             failed = self.group.poll()

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from clusterddp import exitcodes
+from clusterddp.errors import LaunchError
 from clusterddp.launch import procs
 from clusterddp.launch.cgroup import JobCgroup
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
+from clusterddp.launch.reaper import Reaper
 from clusterddp.launch.report import WorkerExit, read_error_file
 from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV, restart_marker
 
@@ -71,16 +73,16 @@ class Worker:
 class _Orphans:
     """Orphans of the workers reparented to the launcher (it is their subreaper)."""
 
-    def __init__(self, reaper: procs.Reaper, before: set[int]) -> None:
+    def __init__(self, reaper: Reaper, before: set[int]) -> None:
         self.reaper = reaper
-        #: Children of the launcher that are not workers: those it had before, the reaper.
-        self.not_adopted = before | {reaper.pid}
+        #: Children of the launcher that are neither workers nor the reaper: those it had before.
+        self.not_adopted = before
         self.adopted: set[int] = set()
 
     def adopt(self, workers: list[Worker]) -> None:
         """Tell the reaper of new orphans (so they die with a launcher killed by SIGKILL too),
         and collect the ones that exited (by pid, never waitpid(-1))."""
-        known = self.not_adopted | {w.proc.pid for w in workers}
+        known = self.not_adopted | {self.reaper.pid} | {w.proc.pid for w in workers}  # its pid now
         found = procs.children() - known
         for pid in found - self.adopted:
             self.reaper.watch_pid(pid)
@@ -101,7 +103,7 @@ class WorkerGroup:
         self.marker = procs.new_marker()
         self.workers: list[Worker] = []
         self._cgroup: JobCgroup | None = None
-        self._reaper: procs.Reaper | None = None
+        self._reaper: Reaper | None = None
         self._orphans: _Orphans | None = None
 
     def open(self) -> None:
@@ -109,7 +111,12 @@ class WorkerGroup:
         procs.become_subreaper()
         before = procs.children()
         self._cgroup = JobCgroup.create(self.marker)
-        self._reaper = procs.Reaper(self.marker, self._cgroup.path if self._cgroup else None)
+        try:
+            self._reaper = Reaper(self.marker, self._cgroup.path if self._cgroup else None)
+        except OSError as exc:  # fork failed (EAGAIN, ENOMEM): no job without its guard
+            if self._cgroup is not None:
+                self._cgroup.remove(time.monotonic() + 1.0)
+            raise LaunchError(f"cannot start the reaper process that guards the job: {exc.strerror or exc}") from None
         self._orphans = _Orphans(self._reaper, before)
 
     def close(self) -> None:
@@ -179,6 +186,24 @@ class WorkerGroup:
                 except ProcessLookupError:
                     pass
 
+    def check_reaper(self) -> str | None:
+        """Replace a reaper that died or was stopped (said on the console); the cause to stop
+        the job when it cannot be replaced (for the report), else None."""
+        if self._reaper is None:
+            return None
+        loss = self._reaper.check()
+        if loss is None:
+            return None
+        if loss.cause is None:
+            self.console.say(loss.line())
+        return loss.cause
+
+    def _keep_reaper(self) -> None:
+        """``check_reaper`` during a teardown: stopping already, the cause only goes to the console."""
+        cause = self.check_reaper()
+        if cause is not None:
+            self.console.say(f"clusterddp: warning: {cause}")
+
     def adopt_orphans(self) -> None:
         if self._orphans is not None:
             self._orphans.adopt(self.workers)
@@ -202,13 +227,13 @@ class WorkerGroup:
         trees = procs.descendants(w.proc.pid for w in self.workers if w.proc.poll() is None)
         self.poll()  # a worker that ended on its own is not "stopped by clusterddp"
         if patient:
-            _wait_workers(self.workers, time.monotonic() + self.grace_period)
+            self._wait_workers(self.workers, time.monotonic() + self.grace_period)
             self.poll()
         live = [w for w in self.workers if w.proc.poll() is None]
         grace_end = time.monotonic() + (self.grace_period if live else 0.0)
         for worker in live:
             procs.signal_group(worker.pgid, signal.SIGTERM)
-        _wait_workers(live, grace_end)
+        self._wait_workers(live, grace_end)
         self._kill_all(trees)
         deadline = grace_end + TEARDOWN_SLACK
         self._reap_all(deadline)
@@ -235,6 +260,7 @@ class WorkerGroup:
         parent is not us does not count)."""
         pgids = [w.pgid for w in self.workers]
         while True:
+            self._keep_reaper()
             for worker in self.workers:
                 worker.proc.poll()
             self.adopt_orphans()
@@ -247,6 +273,16 @@ class WorkerGroup:
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
+
+    def _wait_workers(self, workers: list[Worker], deadline: float) -> None:
+        """Wait for the workers to exit until the deadline (the caller escalates after),
+        replacing a reaper lost meanwhile: a kill -9 of the launcher during a long grace
+        period must still take every worker's children along."""
+        delay = 0.0005  # as Popen.wait: quick to see a worker that dies on SIGTERM at once
+        while any(w.proc.poll() is None for w in workers) and time.monotonic() < deadline:
+            self._keep_reaper()
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.005)
 
     def _finish(self, worker: Worker, deadline: float) -> None:
         """The worker's exit, its output drained (until ``deadline``), its report tail."""
@@ -262,16 +298,6 @@ class WorkerGroup:
         worker.exit.log_error = worker.output.log_error
         if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
             worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
-
-
-def _wait_workers(workers: list[Worker], deadline: float) -> None:
-    """Wait for the workers to exit until the deadline (the caller escalates after)."""
-    for worker in workers:
-        try:
-            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-
 
 
 def _mark_attempt(log: str, attempt: int) -> None:

@@ -246,6 +246,118 @@ def test_kill_9_of_the_launcher_takes_the_daemon_along(tmp_path: Path, use_cgrou
             proc.kill()
 
 
+def _reapers_of(launcher: int) -> set[int]:
+    """The launcher's live forked reapers: its children that still have its command line
+    (workers exec'd their own)."""
+    try:
+        parent = psutil.Process(launcher)
+        cmdline = parent.cmdline()
+        children = parent.children()
+    except psutil.Error:
+        return set()
+    found = set()
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == cmdline:
+                found.add(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _job_pids(directory: Path, ranks: int = 2) -> list[int]:
+    """Every rank's pid and its two children's (plain, setsid) from with_children.py's files."""
+    assert wait_for(lambda: [len(f.read_text().split()) for f in directory.glob("rank*.pids")] == [3] * ranks,
+                    timeout=20), list(directory.iterdir())
+    return [int(pid) for f in directory.glob("rank*.pids") for pid in f.read_text().split()]
+
+
+def _end_leftovers(pids: list[int]) -> None:
+    """SIGKILL what this test started and the launcher failed to end (so a failure leaks nothing)."""
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("how", "use_cgroup"),
+                         [(signal.SIGKILL, True), (signal.SIGKILL, False), (signal.SIGSTOP, False)],
+                         ids=["killed-cgroup", "killed-subreaper", "stopped-subreaper"])
+def test_a_lost_reaper_is_replaced_before_kill_9_of_the_launcher(tmp_path: Path, how: int, use_cgroup: bool) -> None:
+    """Reaper killed (or stopped), then kill -9 of the launcher: a plain child and a setsid one die, the cgroup goes."""
+    job = write_job(tmp_path, script="with_children.py", args=[str(tmp_path), "stay"])
+    proc = start_cli("run", str(job), env=_env_for(use_cgroup))
+    pids: list[int] = []
+    lost: set[int] = set()
+    try:
+        pids = _job_pids(tmp_path)
+        lost = _reapers_of(proc.pid)
+        assert len(lost) == 1, lost
+        os.kill(lost.copy().pop(), how)
+        time.sleep(0.5)  # the launcher acts on the reaper's SIGCHLD at once; 0.5 s is plenty
+        assert bool(_cgroups_of(proc.pid)) == use_cgroup
+        proc.kill()
+        _out, err = proc.communicate(timeout=10)
+        assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), \
+            f"alive after kill -9: {[p for p in pids if _alive(p)]} of {pids}"
+        assert wait_for(lambda: not _cgroups_of(proc.pid), timeout=6), _cgroups_of(proc.pid)
+        assert f"the reaper (pid {lost.pop()})" in err and "started a new one" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _end_leftovers(pids + list(lost))
+
+
+def test_a_reaper_lost_during_teardown_is_replaced_too(tmp_path: Path) -> None:
+    """Reaper killed in a teardown's grace period, then kill -9 of the launcher: the setsid child still dies."""
+    job = write_job(tmp_path, script="with_children.py", args=[str(tmp_path), "stubborn"], grace_period=60,
+                    nproc_per_node=1)
+    proc = start_cli("run", str(job))
+    pids: list[int] = []
+    lost: set[int] = set()
+    try:
+        pids = _job_pids(tmp_path, ranks=1)
+        lost = _reapers_of(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the rank ignores it: the launcher waits out the grace period
+        assert wait_for(lambda: not _alive(pids[1]), timeout=10)  # the plain child took the SIGTERM
+        os.kill(lost.copy().pop(), signal.SIGKILL)
+        time.sleep(0.5)
+        proc.kill()
+        _out, err = proc.communicate(timeout=10)
+        assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), \
+            f"alive after kill -9: {[p for p in pids if _alive(p)]} of {pids}"
+        assert "started a new one" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _end_leftovers(pids + list(lost))
+
+
+def test_a_reaper_that_keeps_dying_stops_the_job_with_its_cause(tmp_path: Path) -> None:
+    """The reaper killed again each time it is replaced: the launcher stops the job, names why, leaves nothing."""
+    job = write_job(tmp_path, script="with_children.py", args=[str(tmp_path), "stay"], grace_period=1)
+    proc = start_cli("run", str(job))
+    pids: list[int] = []
+    killed: list[int] = []
+    try:
+        pids = _job_pids(tmp_path)
+        while proc.poll() is None and len(killed) < 10:
+            assert wait_for(lambda: bool(_reapers_of(proc.pid) - set(killed)) or proc.poll() is not None,
+                            timeout=5), f"no new reaper after {len(killed)} kill(s) of one"
+            for pid in _reapers_of(proc.pid) - set(killed):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        _out, err = proc.communicate(timeout=30)
+        from clusterddp.launch.reaper import REPLACEMENTS
+        assert len(killed) == REPLACEMENTS + 1, killed
+        assert proc.returncode == 1, err
+        assert f"stopped: the reaper (pid {killed[-1]}) was killed by SIGKILL" in err, err
+        assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), [p for p in pids if _alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _end_leftovers(pids + killed)
+
+
 # -- timing promises ---------------------------------------------------------------------------
 
 def test_hang_timeout_fires_when_the_stuck_rank_never_printed(tmp_path: Path) -> None:
