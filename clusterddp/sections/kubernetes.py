@@ -32,6 +32,13 @@ def _image(value: str) -> str | None:
     return None if IMAGE_PATTERN.fullmatch(value) else f"not a container image reference: {shown(value)}"
 
 
+def _extended_resource(value: str) -> str | None:
+    """An extended resource name (IsExtendedResourceName): ``domain/name``, outside kubernetes.io."""
+    if "/" not in value or value.split("/")[0].endswith("kubernetes.io"):
+        return f"must be an extended resource name such as 'nvidia.com/gpu' or 'amd.com/gpu', got {shown(value)}"
+    return k.qualified_name_problem(value)
+
+
 def _gpus(value: int) -> str | None:
     return None if 0 <= value <= MAX_GPUS else f"must be 0-{MAX_GPUS}, got {value}"
 
@@ -112,7 +119,7 @@ class KubernetesSpec:
     #: Container image with torch, clusterddp and the job; temporary here until the
     #: job-level ``container:`` section exists (then it becomes a moved key).
     image: str | None = field(default=None, metadata=check(_image))
-    gpu_resource: str = field(default="nvidia.com/gpu", metadata=check(k.qualified_name_problem))
+    gpu_resource: str = field(default="nvidia.com/gpu", metadata=check(_extended_resource))
     #: GPUs per node (pod); 0 is a CPU job.
     gpus: int = field(default=0, metadata=check(_gpus))
     #: CPU and memory per node, Kubernetes quantities ('8', '500m', '64Gi'): requests = limits.
