@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping, Union
 
 from clusterddp import validate
 from clusterddp.errors import JobSpecError
+from clusterddp.sections.kubernetes import KubernetesSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.sections.ssh import SSHSpec
@@ -100,6 +101,7 @@ class JobSpec:
     ssh: SSHSpec = field(default_factory=SSHSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     openpai: OpenPAISpec = field(default_factory=OpenPAISpec)
+    kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
     #: Set by load_job, not by the YAML: the file it came from and its directory.
     source: str | None = field(default=None, compare=False, metadata={INTERNAL: True})
     base_dir: str = field(default=".", compare=False, metadata={INTERNAL: True})

@@ -1,0 +1,307 @@
+"""Job file -> one Kubernetes object (TrainJob, JobSet or PyTorchJob): a pure function.
+
+The object is built as Python data and written with ``yaml.safe_dump``: no value is ever
+pasted into YAML text, so no value (``"a\\nkind: Pod"`` included) can change the manifest's
+structure. Names were checked at load time (clusterddp.sections.kubernetes); the rules that
+need the whole job (the flavor, ``nodes``, ``restarts``, GPUs) are checked here, naming the key.
+
+What the pod runs: ``clusterddp run JOB_PATH`` in the image's working directory, so the image
+holds the job file and what it runs at the same relative path as this checkout (as on
+OpenPAI); no ConfigMap is rendered. Rank 0 is ``<name>-node-0-0.<name>`` for TrainJob (the
+torch plugin injects ``PET_*``) and JobSet (the renderer writes the same ``PET_*`` itself);
+``<name>-master-0`` for PyTorchJob (the operator injects ``MASTER_ADDR``). docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from clusterddp import __version__
+from clusterddp.errors import JobSpecError
+from clusterddp.exitcodes import NOT_RESTARTED
+from clusterddp.schedulers import quoting as q
+from clusterddp.sections import k8s_names
+from clusterddp.sections.kubernetes import FLAVORS, QUEUE_LABEL
+from clusterddp.spec import JobSpec
+from clusterddp.validate import shown
+
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+PYTORCHJOB_API = "kubeflow.org/v1"
+#: Replicated job and container of the stock torch-distributed runtime (and of our JobSet).
+NODE = "node"
+#: torchrun's port on rank 0: the torch plugin's ContainerTrainerPort, used for JobSet too.
+MASTER_PORT = 29500
+#: The pod annotation the Job controller writes its completion index into (the node rank).
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+#: The pod label JobSet writes its restart count into (0 on the first attempt).
+RESTART_ATTEMPT = "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
+#: Names the controllers set in the pod (the TrainJob webhook refuses the PET_* ones).
+RESERVED_ENV = frozenset({"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                          "PET_MASTER_PORT", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                          "JOB_COMPLETION_INDEX", "PYTHONUNBUFFERED", "CLUSTERDDP_K8S_FLAVOR",
+                          "JOBSET_RESTART_ATTEMPT"})
+#: The Job failure reason a podFailurePolicy FailJob action gives (batch/v1 JobReasonPodFailurePolicy).
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+#: ``runtimePatches[].manager`` of the patch this renderer writes.
+PATCH_MANAGER = "clusterddp"
+SHM_VOLUME = "dshm"
+
+
+def render_manifest(job: JobSpec, job_path: str, flavor: str | None = None) -> dict[str, Any]:
+    """The object for ``flavor`` (default ``kubernetes.flavor``) as plain data."""
+    where = q.place(job.source, job_path)
+    flavor = flavor or job.kubernetes.flavor
+    if flavor not in FLAVORS:
+        raise q.fail(where, "kubernetes.flavor", f"unknown flavor {shown(flavor)}; known: {', '.join(FLAVORS)}")
+    pod = PodParts.of(job, job_path, where)
+    name = object_name(job, where, flavor)
+    builder = {"trainjob": _trainjob, "jobset": _jobset, "pytorchjob": _pytorchjob}[flavor]
+    return builder(job, pod, name, where)
+
+
+def render_kubernetes(job: JobSpec, job_path: str, flavor: str | None = None) -> str:
+    """The manifest as YAML, after one comment line saying where it came from."""
+    where = q.place(job.source, job_path)
+    header = q.comment_text(job_path, where, "job file path")
+    manifest = render_manifest(job, job_path, flavor)
+    body = yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=False, width=1 << 16)
+    return f"# Rendered by clusterddp {__version__} from {header}: kubectl create -f <this file>\n{body}"
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """SafeDumper without anchors: a part used twice (the PyTorchJob pod template) is written
+    out twice, as a reader of the manifest expects, not as ``&id001`` / ``*id001``."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def object_name(job: JobSpec, where: str, flavor: str) -> str:
+    """``kubernetes.name`` or the job's ``name``: a DNS-1035 label short enough that every pod
+    name and hostname the controllers derive from it stays within 63 characters."""
+    spec = job.kubernetes
+    key = "kubernetes.name" if spec.name else "name"
+    name = spec.name or job.name
+    problem = k8s_names.dns1035_label_problem(name) if isinstance(name, str) else "is not a string"
+    if problem:
+        raise JobSpecError(where, job.key_lines.get(key), key, problem, "set kubernetes.name to a Kubernetes name")
+    _, high = q.node_range(job, where)
+    longest = f"-{NODE}-0-{high - 1}" if flavor != "pytorchjob" else f"-worker-{max(high - 2, 0)}"
+    if len(name) + len(longest) > k8s_names.LABEL_MAX:
+        raise JobSpecError(where, job.key_lines.get(key), key,
+                           f"{shown(name)} is too long: pod hostnames like {name}{longest} must fit in 63 characters",
+                           "set a shorter kubernetes.name")
+    return name
+
+
+class PodParts:
+    """What every flavor puts in the pod: image, command, env, resources, pod settings."""
+
+    def __init__(self, job: JobSpec, job_path: str, where: str) -> None:
+        spec = job.kubernetes
+        self.where = where
+        self.command = ["clusterddp", "run", q.comment_text(job_path, where, "job file path")]
+        if not spec.image:
+            raise JobSpecError(where, job.key_lines.get("kubernetes"), "kubernetes.image",
+                               "required to render a Kubernetes job",
+                               "add 'kubernetes: {image: <image with torch, clusterddp and this job>}'")
+        self.image = spec.image
+        self.env = secret_env(job, where)
+        self.resources = resources(job, where)
+        self.volumes = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}] \
+            if spec.shm_size else []
+        self.mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}] if spec.shm_size else []
+
+    @classmethod
+    def of(cls, job: JobSpec, job_path: str, where: str) -> "PodParts":
+        return cls(job, job_path, where)
+
+    def pod_settings(self, job: JobSpec, priority: bool = True) -> dict[str, Any]:
+        """serviceAccountName, nodeSelector, tolerations, imagePullSecrets, volumes (set ones only)."""
+        spec = job.kubernetes
+        out: dict[str, Any] = {}
+        if spec.service_account:
+            out["serviceAccountName"] = spec.service_account
+        if spec.node_selector:
+            out["nodeSelector"] = dict(spec.node_selector)
+        if spec.tolerations:
+            out["tolerations"] = [{k: v for k, v in vars(t).items() if v not in (None, "")} for t in spec.tolerations]
+        if spec.image_pull_secrets:
+            out["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+        if priority and spec.priority_class:
+            out["priorityClassName"] = spec.priority_class
+        if self.volumes:
+            out["volumes"] = self.volumes
+        return out
+
+    def container(self, name: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": name, "image": self.image, "command": self.command}
+        if env or self.env:
+            out["env"] = [*env, *self.env]
+        if self.resources:
+            out["resources"] = self.resources
+        if self.mounts:
+            out["volumeMounts"] = self.mounts
+        return out
+
+
+def metadata(job: JobSpec, name: str) -> dict[str, Any]:
+    spec = job.kubernetes
+    out: dict[str, Any] = {"name": name}
+    if spec.namespace:
+        out["namespace"] = spec.namespace
+    labels = dict(spec.labels)
+    if spec.queue:
+        labels[QUEUE_LABEL] = spec.queue
+    if labels:
+        out["labels"] = labels
+    if spec.annotations:
+        out["annotations"] = dict(spec.annotations)
+    return out
+
+
+def secret_env(job: JobSpec, where: str) -> list[dict[str, Any]]:
+    """``env_passthrough`` names as ``secretKeyRef``s into ``kubernetes.secret``: the manifest
+    names where each value is, never the value."""
+    names = job.env_passthrough
+    if not names:
+        return []
+    secret = job.kubernetes.secret
+    if not secret:
+        raise JobSpecError(where, job.key_lines.get("env_passthrough"), "env_passthrough",
+                           "on Kubernetes the values come from a Secret, and kubernetes.secret names none",
+                           "add 'kubernetes: {secret: <name>}' with one key per variable")
+    for index, name in enumerate(names):
+        problem = k8s_names.env_var_name_problem(name) or k8s_names.secret_key_problem(name)
+        if name in RESERVED_ENV or name.startswith("PET_"):
+            problem = "is set by the controller in every pod (the TrainJob webhook refuses PET_* names)"
+        if problem:
+            raise JobSpecError(where, job.key_lines.get("env_passthrough"), f"env_passthrough[{index}]",
+                               f"{shown(name)} {problem}" if not problem.startswith("must") else problem)
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}} for name in names]
+
+
+def resources(job: JobSpec, where: str) -> dict[str, Any]:
+    """Requests = limits for cpu and memory (what the job was sized for); GPUs as limits,
+    which Kubernetes copies to requests. A GPU job without GPUs is refused."""
+    spec = job.kubernetes
+    gpus = spec.gpus
+    q.integer(gpus, where, "kubernetes.gpus")
+    nproc = job.nproc_per_node
+    if gpus == 0 and (job.backend == "nccl" or nproc == "gpu"):
+        why = "backend is nccl" if job.backend == "nccl" else "nproc_per_node is 'gpu'"
+        raise q.fail(where, "kubernetes.gpus", f"is 0 but the {why}", "set kubernetes.gpus to the GPUs per node")
+    if gpus > 0 and isinstance(nproc, int) and nproc > gpus and job.backend != "gloo":
+        raise q.fail(where, "kubernetes.gpus", f"{gpus} GPUs per node for nproc_per_node {nproc}: one GPU per worker",
+                     f"set kubernetes.gpus to {nproc}, or nproc_per_node to {gpus}")
+    sized = {key: value for key, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
+    limits: dict[str, Any] = dict(sized)
+    if gpus:
+        limits[spec.gpu_resource] = str(gpus)
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if sized:
+        out["requests"] = dict(sized)
+    return out
+
+
+def fixed_nodes(job: JobSpec, where: str, flavor: str, why: str) -> int:
+    """``nodes`` as one count; ``"MIN:MAX"`` with MIN < MAX is refused with ``why``."""
+    low, high = q.node_range(job, where)
+    if low != high:
+        raise JobSpecError(where, job.key_lines.get("nodes"), "nodes",
+                           f"{shown(job.nodes)}: a {flavor} has no elastic node count ({why})",
+                           f"write nodes: {high}, or run the elastic job over SSH with a hostfile")
+    return high
+
+
+def _no_restarts(job: JobSpec, where: str, flavor: str, why: str, hint: str) -> None:
+    if job.restarts:
+        raise JobSpecError(where, job.key_lines.get("restarts"), "restarts",
+                           f"{job.restarts} on a {flavor}: {why}", hint)
+
+
+def flavor_env(flavor: str) -> dict[str, Any]:
+    return {"name": "CLUSTERDDP_K8S_FLAVOR", "value": flavor}
+
+
+def _trainjob(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str, Any]:
+    spec = job.kubernetes
+    nodes = fixed_nodes(job, where, "TrainJob", "kubeflow/trainer#2903")
+    _no_restarts(job, where, "TrainJob", "restarts belong to the runtime (its JobSet failurePolicy); "
+                 "a TrainJob has no restart field", "use --flavor jobset for whole-job restarts, or set them in the runtime")
+    if spec.priority_class:
+        raise JobSpecError(where, job.key_lines.get("kubernetes.priority_class"), "kubernetes.priority_class",
+                           "a TrainJob cannot set a pod's priorityClassName (runtimePatches do not allow it)",
+                           "set it in the runtime, use Kueue's label kueue.x-k8s.io/priority-class, or --flavor jobset")
+    trainer: dict[str, Any] = {"image": pod.image, "command": pod.command, "numNodes": nodes}
+    if isinstance(job.nproc_per_node, int):
+        trainer["numProcPerNode"] = job.nproc_per_node
+    if pod.resources:
+        trainer["resourcesPerNode"] = pod.resources
+    trainer["env"] = [flavor_env("trainjob"), *pod.env]
+    body: dict[str, Any] = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                           "name": spec.runtime}, "trainer": trainer}
+    patch = pod.pod_settings(job, priority=False)
+    if pod.mounts:
+        patch["containers"] = [{"name": NODE, "volumeMounts": pod.mounts}]
+    if patch:
+        template = {"spec": {"replicatedJobs": [{"name": NODE, "template": {"spec": {"template": {"spec": patch}}}}]}}
+        body["runtimePatches"] = [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": template}}]
+    return {"apiVersion": TRAINJOB_API, "kind": "TrainJob", "metadata": metadata(job, name), "spec": body}
+
+
+def _field_ref(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}
+
+
+def jobset_env(job: JobSpec, name: str, nodes: int) -> list[dict[str, Any]]:
+    """What the torch plugin gives a TrainJob pod, written by the renderer for a JobSet pod,
+    plus JobSet's restart count: both flavors are placed by the same code in the pod."""
+    return [flavor_env("jobset"),
+            {"name": "PET_NNODES", "value": str(nodes)},
+            {"name": "PET_NPROC_PER_NODE", "value": str(job.nproc_per_node)},
+            {"name": "PET_NODE_RANK", "valueFrom": _field_ref(COMPLETION_INDEX)},
+            {"name": "PET_MASTER_ADDR", "value": f"{name}-{NODE}-0-0.{name}"},
+            {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
+            {"name": "JOBSET_RESTART_ATTEMPT", "valueFrom": _field_ref(RESTART_ATTEMPT)}]
+
+
+def _jobset(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str, Any]:
+    nodes = fixed_nodes(job, where, "JobSet", "its Indexed Job runs exactly completions pods")
+    restarts = q.integer(job.restarts, where, "restarts", maximum=(1 << 31) - 1)
+    container = pod.container(NODE, jobset_env(job, name, nodes))
+    container["ports"] = [{"containerPort": MASTER_PORT}]
+    never = sorted(NOT_RESTARTED)
+    job_spec = {
+        "parallelism": nodes, "completions": nodes, "completionMode": "Indexed", "backoffLimit": 0,
+        # A node exiting 65 (non-finite loss) or 75 (preempted) fails its Job with reason
+        # PodFailurePolicy; the JobSet rule below fails the whole set on that reason.
+        "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+            "containerName": NODE, "operator": "In", "values": never}}]},
+        "template": {"spec": {"restartPolicy": "Never", "containers": [container], **pod.pod_settings(job)}},
+    }
+    rule = {"name": "doNotRestartExit" + "_".join(map(str, never)), "action": "FailJobSet",
+            "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}
+    body = {"network": {"enableDNSHostnames": True, "subdomain": name},
+            "failurePolicy": {"maxRestarts": int(restarts), "rules": [rule]},
+            "replicatedJobs": [{"name": NODE, "replicas": 1, "template": {"spec": job_spec}}]}
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": metadata(job, name), "spec": body}
+
+
+def _pytorchjob(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str, Any]:
+    nodes = fixed_nodes(job, where, "PyTorchJob", "clusterddp places PyTorchJob pods without an elasticPolicy")
+    _no_restarts(job, where, "PyTorchJob", "its operator restarts pods one by one, and a pod restarted "
+                 "alone cannot rejoin the others (kubeflow/trainer#2000)", "use --flavor jobset for whole-job restarts")
+    template = {"spec": {"containers": [pod.container("pytorch", [flavor_env("pytorchjob")])],
+                         **pod.pod_settings(job)}}
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    if nodes > 1:
+        replicas["Worker"] = {"replicas": nodes - 1, "restartPolicy": "Never", "template": template}
+    body = {"nprocPerNode": str(job.nproc_per_node), "runPolicy": {"backoffLimit": 0}, "pytorchReplicaSpecs": replicas}
+    return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": metadata(job, name), "spec": body}

@@ -1,0 +1,133 @@
+"""Hostile values in every key of the ``kubernetes:`` section: each is one JobSpecError line
+naming file:line and the key, and nothing a value holds can change a rendered manifest's
+structure (issue 20: the hostile suite grows with the new fields)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterddp.errors import JobSpecError
+from clusterddp.schedulers.kubernetes_render import render_manifest
+from clusterddp.sections.kubernetes import FLAVORS
+from clusterddp.spec import load_job
+from tests.conftest import REPO
+
+SCRIPT = f"script: {REPO / 'jobs' / 'hello.py'}\n"
+INJECTION = "a\nkind: Pod"
+HOSTILE = {"empty": "", "huge": "a" * 70000, "nul": "a\x00b", "newline": "a\nb", "injection": INJECTION,
+           "negative": "-1", "esc": "a\x1b[2Jb", "u2028": "a\u2028b", "space": "a b", "upper": "A"}
+#: String keys whose every hostile value above is refused (names, quantities, the image).
+NAME_KEYS = ["name", "namespace", "runtime", "gpu_resource", "service_account", "priority_class", "secret",
+             "cpu", "memory", "shm_size", "image"]
+#: Keys that take a list of names or a mapping: the hostile text as an item, a key or a value.
+LIST_KEYS = ["image_pull_secrets"]
+MAP_KEY_KEYS = ["node_selector", "labels", "annotations"]
+MAP_VALUE_KEYS = ["node_selector", "labels"]
+TOLERATION_KEYS = ["key", "value"]
+#: Non-strings and out-of-range numbers.
+EXPLICIT = [
+    ("gpus-negative", "{gpus: -1}", "kubernetes.gpus", "must be 0-1024"),
+    ("gpus-huge", "{gpus: 100000000000}", "kubernetes.gpus", "must be 0-1024"),
+    ("gpus-string", "{gpus: two}", "kubernetes.gpus", "expected an integer"),
+    ("flavor-unknown", "{flavor: volcano}", "kubernetes.flavor", "expected one of"),
+    ("queue-long", "{queue: " + "q" * 64 + "}", "kubernetes.queue", "at most 63"),
+    ("queue-slash", "{queue: a/b}", "kubernetes.queue", "label value"),
+    ("labels-queue", "{labels: {kueue.x-k8s.io/queue-name: q}}", "kubernetes.labels", "set 'queue'"),
+    ("label-value-long", "{labels: {a: " + "v" * 64 + "}}", "kubernetes.labels.a", "at most 63"),
+    ("annotations-huge", "{annotations: {a: " + "v" * 300000 + "}}", "kubernetes.annotations.a", "characters long"),
+    ("toleration-op", "{tolerations: [{key: a, operator: In}]}", "kubernetes.tolerations[0].operator", "expected one of"),
+    ("toleration-effect", "{tolerations: [{key: a, effect: Never}]}", "kubernetes.tolerations[0].effect", "expected one of"),
+    ("toleration-exists-value", "{tolerations: [{key: a, operator: Exists, value: b}]}", "kubernetes.tolerations[0]",
+     "takes no 'value'"),
+    ("toleration-no-key", "{tolerations: [{value: b}]}", "kubernetes.tolerations[0]", "without 'key'"),
+    ("toleration-seconds", "{tolerations: [{key: a, tolerationSeconds: 5}]}", "kubernetes.tolerations[0]", "NoExecute"),
+    ("toleration-seconds-negative", "{tolerations: [{key: a, effect: NoExecute, tolerationSeconds: -5}]}",
+     "kubernetes.tolerations[0].tolerationSeconds", "must be 0-"),
+    ("toleration-unknown", "{tolerations: [{key: a, seconds: 5}]}", "kubernetes.tolerations[0].seconds", "unknown key"),
+    ("tolerations-not-list", "{tolerations: {key: a}}", "kubernetes.tolerations", "expected a list"),
+    ("unknown-key", "{namepsace: x}", "kubernetes.namepsace", "did you mean 'namespace'"),
+    ("cpu-zero", "{cpu: 0}", "kubernetes.cpu", "more than zero"),
+    ("memory-unit", "{memory: 8GB}", "kubernetes.memory", "quantity"),
+    ("name-digit", "{name: 1job}", "kubernetes.name", "DNS-1035"),
+    ("image-tag", "{image: !!binary aGVsbG8=}", "kubernetes.image", "binary"),
+]
+
+
+def _cases() -> list[tuple[str, str, str, str]]:
+    """(id, the kubernetes section as one flow line, key named, fragment); the error is on line 2."""
+    cases = []
+    for label, value in HOSTILE.items():
+        text = json.dumps(value)
+        for key in NAME_KEYS:
+            if not (key == "image" and label in ("negative", "upper")):  # '-1', 'A' are image names
+                cases.append((f"{key}-{label}", f"{{{key}: {text}}}", f"kubernetes.{key}", ""))
+        for key in LIST_KEYS:
+            cases.append((f"{key}-{label}", f"{{{key}: [{text}]}}", f"kubernetes.{key}[0]", ""))
+        if label not in ("negative", "upper", "space"):  # label keys may be upper case, '-1' is one too
+            key_text = json.dumps("a" * 300) if label == "huge" else text  # YAML keys: at most 1024 characters
+            for key in MAP_KEY_KEYS:
+                cases.append((f"{key}-key-{label}", f"{{{key}: {{{key_text}: x}}}}", f"kubernetes.{key}", ""))
+        if label not in ("empty", "upper"):  # an empty label value is valid, and so is 'A'
+            for key in MAP_VALUE_KEYS:
+                cases.append((f"{key}-value-{label}", f"{{{key}: {{k: {text}}}}}", f"kubernetes.{key}.k", ""))
+            for key in TOLERATION_KEYS:
+                cases.append((f"toleration-{key}-{label}", f"{{tolerations: [{{{key}: {text}, operator: Equal}}]}}",
+                              f"kubernetes.tolerations[0].{key}", ""))
+    cases.extend(EXPLICIT)
+    return [case for case in cases if not (case[0].startswith("toleration-value-") and case[0].endswith("-negative"))]
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("section,key,fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_value_is_one_line_naming_the_key(section: str, key: str, fragment: str) -> None:
+    """A hostile kubernetes.* value is one JobSpecError line: the file, line 2 and the key."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(SCRIPT + f"kubernetes: {section}\n", encoding="utf-8")
+        with pytest.raises(JobSpecError) as info:
+            load_job(path)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 1200, message[:300]
+    assert message.startswith(f"{path}:2: {key}"), message[:300]
+    assert fragment in message
+
+
+def test_table_covers_every_key() -> None:
+    """Every key of the kubernetes section is in the hostile table (a new key needs its rows)."""
+    import dataclasses
+
+    from clusterddp.sections.kubernetes import KubernetesSpec
+    covered = {c[2].split(".")[1].split("[")[0] for c in CASES}
+    assert {f.name for f in dataclasses.fields(KubernetesSpec)} <= covered
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_free_text_cannot_change_structure(flavor: str) -> None:
+    """Annotation values and the job path, the only free text rendered, read back as the
+    same one object: no value adds a document, a key or a kind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        section = {"image": "img", "annotations": {"a": INJECTION, "b": "---\napiVersion: v1\nkind: Secret"}}
+        path.write_text(SCRIPT + "name: job\nkubernetes: " + json.dumps(section) + "\n", encoding="utf-8")
+        job = load_job(path)
+    from clusterddp.schedulers.kubernetes_render import render_kubernetes
+    docs = list(yaml.safe_load_all(render_kubernetes(job, "jobs/a: b #c.yaml", flavor)))
+    assert len(docs) == 1 and docs[0] == render_manifest(job, "jobs/a: b #c.yaml", flavor)
+    assert docs[0]["metadata"]["annotations"] == section["annotations"]
+
+
+def test_job_path_with_a_newline_refused() -> None:
+    """A job path that is not one line is refused (it is written into the header comment)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(SCRIPT + "name: job\nkubernetes: {image: img}\n", encoding="utf-8")
+        job = load_job(path)
+    with pytest.raises(JobSpecError, match="job file path: contains the control character"):
+        render_manifest(job, "jobs/a\nkind: Pod.yaml", "jobset")

@@ -1,0 +1,50 @@
+"""A stand-in for kubectl talking to an API server (none can be installed here): it records
+its argv and stdin, and answers with kubectl's documented output for the scenario named in
+FAKE_KUBECTL_SCENARIO. Installed as ``kubectl`` on PATH by the tests."""
+
+import json
+import os
+import sys
+
+SCENARIO = os.environ.get("FAKE_KUBECTL_SCENARIO", "ok")
+STDERR = {
+    "unreachable": "The connection to the server localhost:8080 was refused - did you specify the right host or port?",
+    "forbidden": 'Error from server (Forbidden): error when creating "STDIN": trainjobs.trainer.kubeflow.org is '
+                 'forbidden: User "alice" cannot create resource "trainjobs" in API group "trainer.kubeflow.org" '
+                 'in the namespace "prod"',
+    "exists": 'Error from server (AlreadyExists): error when creating "STDIN": trainjobs.trainer.kubeflow.org '
+              '"cifar10" already exists',
+    "nocrd": 'error: resource mapping not found for name: "cifar10" namespace: "" from "STDIN": no matches for '
+             'kind "TrainJob" in version "trainer.kubeflow.org/v1alpha1"\nensure CRDs are installed first',
+    "nocrd-get": 'error: the server doesn\'t have a resource type "trainjobs"',
+    "nonamespace": 'Error from server (NotFound): error when creating "STDIN": namespaces "nope" not found',
+}
+POD = {"metadata": {"name": "cifar10-node-0-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": "{i}"}},
+       "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}}
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    stdin = sys.stdin.read() if "-" in argv else ""
+    with open(os.environ["FAKE_KUBECTL_LOG"], "a", encoding="utf-8") as log:
+        log.write(json.dumps({"argv": argv, "stdin": stdin}) + "\n")
+    if SCENARIO in STDERR:
+        sys.stderr.write(STDERR[SCENARIO] + "\n")
+        return 1
+    if "create" in argv:
+        print("trainjob.trainer.kubeflow.org/cifar10")
+    elif "get" in argv and "pods" in argv:
+        items = [json.loads(json.dumps(POD).replace("{i}", str(i))) for i in (1, 0)]
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    elif "get" in argv:
+        print(json.dumps({"kind": "TrainJob", "metadata": {"name": "cifar10"}, "status": {"conditions": [
+            {"type": "Created", "status": "True", "reason": "JobSetCreated"},
+            {"type": "Complete", "status": "False"}]}}))
+    elif "delete" in argv:
+        print('trainjob.trainer.kubeflow.org "cifar10" deleted')
+    elif "logs" in argv:
+        print(f"hello from {argv[-1]}")
+    return 0
+
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""End to end on a real cluster (marked k8s): every flavor of jobs/cifar10.yaml is created in
+a fresh namespace, accepted by the server's own validation, read back, stopped, and gone.
+
+The cluster comes from CLUSTERDDP_TEST_KUBECONFIG (skipped, with that reason, when unset); the
+CRDs are installed from shared/reference/kubernetes/crds with ``kubectl apply --server-side``
+when the server lacks them. docs/kubernetes.md, "Testing on a cluster", says how to run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from typing import Iterator
+
+import pytest
+
+from clusterddp.schedulers import kubernetes as k8s
+from clusterddp.schedulers.kubernetes import KubernetesOptions
+from tests.conftest import REPO
+from tests.kubernetes.crds import CRD_FILES, require_crds
+
+pytestmark = pytest.mark.k8s
+KUBECONFIG = "CLUSTERDDP_TEST_KUBECONFIG"
+RUNTIME = "torch_distributed.yaml"
+
+
+def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=120, check=check)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """KUBECONFIG for this module's kubectl calls, and the CRDs installed when missing."""
+    path = os.environ.get(KUBECONFIG)
+    if not path:
+        pytest.skip(f"{KUBECONFIG} is not set: no Kubernetes cluster to test against")
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not on PATH")
+    crds = require_crds()
+    saved = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = path
+    try:
+        for name in [*CRD_FILES.values(), RUNTIME]:
+            kubectl("apply", "--server-side", "-f", str(crds / name))
+        for name in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "pytorchjobs.kubeflow.org"):
+            kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+
+
+@pytest.fixture
+def namespace(cluster: None) -> Iterator[str]:
+    """A fresh namespace, deleted afterwards."""
+    name = f"clusterddp-test-{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("flavor", ["trainjob", "jobset", "pytorchjob"])
+def test_create_status_stop_leaves_nothing(namespace: str, flavor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each flavor of jobs/cifar10.yaml: created (the server validates it), its status read,
+    stopped, and after that no object and no pod of it is left in the namespace."""
+    monkeypatch.chdir(REPO)
+    options = KubernetesOptions("jobs/cifar10.yaml", flavor=flavor, namespace=namespace)
+    created = k8s.submit(options)
+    assert created.endswith("/cifar10"), created
+    status = k8s.status(options)
+    assert status.name == "cifar10" and status.phase
+    print("\n".join(status.lines()))
+    k8s.stop(options)
+    resource = k8s.RESOURCES[flavor]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        left = json.loads(kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"]
+        pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l", f"{k8s.POD_SELECTORS[flavor]}=cifar10",
+                                  "-o", "json").stdout)["items"]
+        if not left and not pods:
+            return
+        time.sleep(2)
+    pytest.fail(f"{flavor} cifar10 still has objects or pods in {namespace} 120 s after stop")
+
+
+def test_server_accepts_every_flavor_on_dry_run(cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's own validation (schema, CEL, webhooks) accepts every rendered flavor."""
+    monkeypatch.chdir(REPO)
+    for flavor in ("trainjob", "jobset", "pytorchjob"):
+        manifest = k8s.render(k8s.load_job("jobs/cifar10.yaml"), KubernetesOptions("jobs/cifar10.yaml", flavor=flavor))
+        done = subprocess.run(["kubectl", "create", "--dry-run=server", "-f", "-"], input=manifest,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (flavor, done.stderr)
