@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 #: What ``nvidia-smi`` is asked for: one CSV line per GPU, in its index (PCI bus) order.
 QUERY = ("nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader")
@@ -20,6 +20,9 @@ QUERY = ("nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,nohead
 DRIVER_PROC = "/proc/driver/nvidia/gpus"
 #: Values of CUDA_VISIBLE_DEVICES that hide every GPU.
 _HIDDEN = ("", "none", "NoDevFiles", "-1")
+#: Where cgroup file systems are mounted, and which cgroup this process is in.
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
 
 
 @dataclass(frozen=True)
@@ -141,9 +144,72 @@ def _nvidia_smi_rows() -> dict[str, tuple[str, str, str]]:
     return rows
 
 
-def cpu_count() -> int:
-    """CPUs this process may run on (the affinity mask, which cgroups and taskset shrink)."""
+def cpu_count(cgroup_root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> int:
+    """CPUs this process may use: the affinity mask (which cpusets and taskset shrink), and
+    no more than the cgroup's CPU quota rounded up (a pod's ``limits.cpu``, ``docker --cpus``),
+    as Kubernetes rounds a CPU quantity up (``2500m`` is 3) when Kubeflow's torch plugin
+    turns it into ``PET_NPROC_PER_NODE``."""
     try:
-        return len(os.sched_getaffinity(0))
+        allowed = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        allowed = os.cpu_count() or 1
+    quota = cgroup_cpu_limit(cgroup_root, proc_cgroup)
+    return max(1, min(allowed, quota)) if quota is not None else allowed
+
+
+def cgroup_cpu_limit(cgroup_root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> int | None:
+    """The tightest CPU quota over this process's cgroup and its ancestors, in whole CPUs
+    (rounded up); None without a quota. Reads cgroup v2 ``cpu.max`` ("max 100000" or
+    "250000 100000") and v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none)."""
+    try:
+        with open(proc_cgroup, encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            limits += _quotas(cgroup_root, path, _v2_quota)
+        elif "cpu" in controllers.split(","):  # mounted as "cpu,cpuacct", with a "cpu" link
+            for mount in {os.path.join(cgroup_root, controllers), os.path.join(cgroup_root, "cpu")}:
+                limits += _quotas(mount, path, _v1_quota)
+    return min(limits) if limits else None
+
+
+def _quotas(mount: str, path: str, read: Callable[[str], int | None]) -> list[int]:
+    """The quota of ``path`` under ``mount`` and of each ancestor up to the mount itself (a
+    container sees the host's path but mounts only its own cgroup: missing levels are skipped)."""
+    found = []
+    parts = [part for part in path.split("/") if part and part not in (".", "..")]
+    for depth in range(len(parts), -1, -1):
+        quota = read(os.path.join(mount, *parts[:depth]))
+        if quota is not None:
+            found.append(quota)
+    return found
+
+
+def _read_words(path: str) -> list[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def _whole_cpus(quota: str, period: str) -> int | None:
+    """``quota / period`` rounded up; None for 'max', -1 or anything unreadable."""
+    if not quota.isdigit() or not period.isdigit() or int(period) == 0 or int(quota) == 0:
+        return None
+    return -(-int(quota) // int(period))
+
+
+def _v2_quota(directory: str) -> int | None:
+    words = _read_words(os.path.join(directory, "cpu.max"))
+    return _whole_cpus(words[0], words[1]) if len(words) == 2 else None
+
+
+def _v1_quota(directory: str) -> int | None:
+    quota = _read_words(os.path.join(directory, "cpu.cfs_quota_us"))
+    period = _read_words(os.path.join(directory, "cpu.cfs_period_us"))
+    return _whole_cpus(quota[0], period[0]) if len(quota) == 1 and len(period) == 1 else None

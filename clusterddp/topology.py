@@ -169,6 +169,15 @@ def count_workers(request: NprocPerNode, gpus: int, cpus: int, scheduled: int | 
     return CPU_AUTO_WORKERS, "auto without a GPU"
 
 
+def torchrun_word(word: str, gpus: int) -> NprocPerNode:
+    """A scheduler's ``auto``/``gpu``/``cpu`` (Kubeflow's ``PET_NPROC_PER_NODE``) as torchrun
+    counts it: ``auto`` is one worker per visible GPU, else one per CPU (this node's
+    ``cpu_count``: the pod's CPU limit, as the torch plugin counts a CPU-only TrainJob's)."""
+    if word == "auto":
+        return "gpu" if gpus else "cpu"
+    return "gpu" if word == "gpu" else "cpu"
+
+
 def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str],
                   gpus: GpuInventory | None = None) -> int:
     """Workers on this node (``count_workers``), each count within the bound of a typed one."""
@@ -179,11 +188,14 @@ def resolve_nproc(job: JobSpec, placement: Placement, env: Mapping[str, str],
             raise LaunchError(f"{job.where('nproc_per_node')}: {problem}")
         return request
     inventory = gpus if gpus is not None else gpu_inventory(env, query=False)
+    where = job.where('nproc_per_node')
+    if request == "auto" and placement.nproc_per_node is None and placement.nproc_word is not None:
+        request, where = torchrun_word(placement.nproc_word, inventory.count), f"{placement.env}: workers per node"
     count, what = count_workers(request, inventory.count, cpu_count() if request == "cpu" else 0,
                                 placement.nproc_per_node)
     if request == "gpu" and count == 0:
         raise EnvironmentDetectionError(
-            f"{job.where('nproc_per_node')}: 'gpu' but this node has no visible GPU ({inventory.source})",
+            f"{where}: 'gpu' but this node has no visible GPU ({inventory.source})",
             "use 'auto' or a number to run on CPU slots")
     if what == SCHEDULED:
         problem = workers_problem(count)

@@ -15,6 +15,9 @@ ORDER: tuple[str, ...] = (
     # Explicit CLI flags first: the SSH head and a user starting nodes by hand mean exactly
     # what they typed, even inside an allocation.
     "clusterddp.envs.explicit:ExplicitEnv",
+    # A Kubeflow TrainJob pod: the torch plugin's PET_* in a pod of an Indexed Job, no operator
+    # RANK. Placed as torchrun's variables say; before TorchrunEnv only to be named as such.
+    "clusterddp.envs.trainjob:TrainJobEnv",
     # An outer launcher (torchrun, Kubeflow) already placed us; it may itself run under SLURM.
     "clusterddp.envs.torchrun:TorchrunEnv",
     # Kubeflow pods torchrun's variables do not place: a v1 pod without PET_* (RANK and
@@ -22,6 +25,10 @@ ORDER: tuple[str, ...] = (
     # elastic pod (PET_RDZV_*, PET_NNODES=min:max), refused. Before the schedulers: a pod is in
     # no allocation, and an elastic pod must never quietly train alone.
     "clusterddp.envs.kubeflow:KubeflowEnv",
+    # A JobSet pod: the renderer's CLUSTERDDP_JOBSET_* and the Job's JOB_COMPLETION_INDEX. After
+    # the agents' variables (a worker inherits the pod's env), before the schedulers (a pod is
+    # in no allocation).
+    "clusterddp.envs.jobset:JobSetEnv",
     # OpenPAI: its task-index variables exist only inside an OpenPAI task (a k8s pod, never under SLURM).
     "clusterddp.envs.openpai:OpenPAIEnv",
     # SLURM: per-node launcher inside srun, or the batch script (which relaunches with srun).

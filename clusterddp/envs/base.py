@@ -57,6 +57,11 @@ class Placement:
     master_addr: str | None = None
     master_port: int | None = None
     nproc_per_node: int | None = None
+    #: torchrun's word for the workers per node, as the scheduler gave it (``PET_NPROC_PER_NODE``
+    #: = ``auto``, ``gpu`` or ``cpu``), counted on this node the way torchrun counts it: one per
+    #: visible GPU (``auto`` without a GPU: one per CPU this pod was given). A job file's number,
+    #: ``gpu`` or ``cpu`` wins; its ``auto`` takes this.
+    nproc_word: str | None = None
     hosts: tuple[str, ...] = ()
     run_id: str | None = None
     #: Things the user should know (e.g. "per-task mode detected"), shown by ``env`` and ``run``.

@@ -24,6 +24,8 @@ NPROC = ("LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE")
 #: torchrun's nproc words: the job file decides how many workers then.
 NPROC_WORDS = ("auto", "gpu", "cpu")
 RUN_ID = ("TORCHELASTIC_RUN_ID", "PET_RDZV_ID")
+#: A PyTorchJob pod of an operator since kubeflow/training-operator#1840: v1's four and PET_*.
+PYTORCHJOB_POD = ("MASTER_ADDR", "RANK", "WORLD_SIZE", "PET_NODE_RANK", "PET_NNODES")
 
 
 class TorchrunEnv(ClusterEnv):
@@ -44,9 +46,20 @@ class TorchrunEnv(ClusterEnv):
         nnodes = self._nnodes(nproc)
         if node_rank >= nnodes:
             raise self.error(self.which(*NODE_RANK), f"node rank {node_rank} is outside 0..{nnodes - 1}")
+        word = self.raw_var(self.which(*NPROC))
         return Placement(env=self.name, nnodes=nnodes, node_rank=node_rank,
                          master_addr=self.host_var(*MASTER_ADDR), master_port=self.port_var(*MASTER_PORT),
-                         nproc_per_node=nproc, run_id=run_id_from(self.id_var(*RUN_ID)))
+                         nproc_per_node=nproc, nproc_word=word if word in NPROC_WORDS else None,
+                         run_id=run_id_from(self.id_var(*RUN_ID)), notes=self._pod_notes(node_rank, nnodes))
+
+    def _pod_notes(self, node_rank: int, nnodes: int) -> tuple[str, ...]:
+        """Says so when this is a PyTorchJob pod of a training operator with PET_* (its RANK and
+        WORLD_SIZE count pods x nprocPerNode, so PET_NODE_RANK and PET_NNODES place it)."""
+        if is_worker(self.env) or not all(self.raw_var(name) for name in PYTORCHJOB_POD):
+            return ()
+        return (f"Kubeflow PyTorchJob pod (PET_* from the training operator): one launcher per pod, "
+                f"node rank = PET_NODE_RANK = {node_rank}, nodes = PET_NNODES = {nnodes}; "
+                f"the master pod is node 0",)
 
     def _nnodes(self, nproc: int | None) -> int:
         """GROUP_WORLD_SIZE (or NNODES, PET_NNODES), else WORLD_SIZE / LOCAL_WORLD_SIZE."""

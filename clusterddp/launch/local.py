@@ -11,6 +11,7 @@ from clusterddp.envs import Overrides, detect
 from clusterddp.launch.run import RunOptions
 from clusterddp.launch import plan as planning
 from clusterddp.launch.logs import say
+from clusterddp.launch.rendezvous import master_wait, wait_for_master
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.spec import JobSpec
@@ -59,6 +60,7 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     a listed variable that is unset is an error before anything is planned or started.
     """
     passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env, job.line_of)
+    patience = master_wait(env)
     overrides = options.overrides(job)
     topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node, options.restart_count)
     cwd = os.getcwd()
@@ -72,11 +74,12 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
         sys.stdout.flush()
         os.execvp(relaunch[0], relaunch)
     planning.check_runnable(job, plans)
+    for note in topology.notes:
+        say(f"clusterddp: note: {note}")  # a closed console must not stop the job
+    wait_for_master(topology.master_addr, topology.master_port, patience, say)
     if topology.node_rank == 0 and (overrides.master_port or job.master.port) and _is_local(topology.master_addr):
         check_port_free("", topology.master_port)
     planning.prepare_logs(plans, keep=bool(topology.restart_count))
-    for note in topology.notes:
-        say(f"clusterddp: note: {note}")  # a closed console must not stop the job
     supervision = supervisor_options(job, topology, options, planning.run_dir(job, topology, cwd))
     return LocalSupervisor(topology, plans, supervision).run()
 
