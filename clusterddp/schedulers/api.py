@@ -20,6 +20,7 @@ from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
 from clusterddp.errors import ClusterDDPError
 from clusterddp.schedulers import ACTIONS, write_output
 from clusterddp.spec import JobSpec, load_job
+from clusterddp.validate import positive_seconds_problem
 
 @dataclass(frozen=True)
 class Flag:
@@ -47,6 +48,15 @@ class Flag:
 
     def applies_to(self, action: str) -> bool:
         return self.actions is None or action in self.actions
+
+
+def seconds(raw: str) -> float:
+    """A flag's duration: finite and positive (``float`` alone takes 'nan', 'inf' and '-1').
+    argparse names the flag and the converter in its one-line refusal."""
+    value = float(raw)
+    if positive_seconds_problem(value) is not None:
+        raise ValueError(raw)
+    return value
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from clusterddp.errors import SubmitError
 from clusterddp.redact import scrub
-from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, seconds
 from clusterddp.schedulers.openpai_render import render_openpai
 from clusterddp.schedulers.openpai_rest import (
     TOKEN_ENV,
@@ -80,7 +80,7 @@ class OpenPAIScheduler(Scheduler[OpenPAIOptions]):
              actions=_REMOTE),
         Flag("token_file", ("--token-file",), help=f"file holding the bearer token (default: ${TOKEN_ENV})",
              actions=_REMOTE),
-        Flag("timeout", ("--timeout",), convert=float, default=30.0, help="seconds to wait for the server",
+        Flag("timeout", ("--timeout",), convert=seconds, default=30.0, help="seconds to wait for the server",
              actions=_REMOTE),
         Flag("dry_run", ("--dry-run",), switch=True, help="print the spec and the request, send nothing",
              actions=("submit",)),

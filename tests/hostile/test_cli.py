@@ -148,6 +148,16 @@ PARSER_CASES = [
     ("job-and-command", ["run", "JOB", "--", "x.py"], "not both"),
     ("job-path-newline", ["run", "a\nb.yaml"], "JOB: contains the control character '\\n'"),
     ("env-command-variable", ["env"], "CLUSTERDDP_NNODES: expected an integer"),
+    ("openpai-timeout-nan", ["status", "openpai", "u~j", "--url", "http://127.0.0.1:9/", "--timeout", "nan"],
+     "argument --timeout: invalid seconds value"),
+    ("openpai-timeout-inf", ["status", "openpai", "u~j", "--url", "http://127.0.0.1:9/", "--timeout", "inf"],
+     "argument --timeout: invalid seconds value"),
+    ("openpai-timeout-negative", ["status", "openpai", "u~j", "--url", "http://127.0.0.1:9/", "--timeout", "-1"],
+     "argument --timeout: invalid seconds value"),
+    ("openpai-timeout-zero", ["status", "openpai", "u~j", "--url", "http://127.0.0.1:9/", "--timeout", "0"],
+     "argument --timeout: invalid seconds value"),
+    ("openpai-timeout-huge", ["status", "openpai", "u~j", "--url", "http://127.0.0.1:9/", "--timeout", "1e400"],
+     "argument --timeout: invalid seconds value"),
 ]
 
 
