@@ -383,7 +383,7 @@ def test_gradients_are_zeroed_on_the_device_only_where_the_flag_is_set() -> None
 
 
 def test_fused_sgd_is_primed_so_a_skipped_first_step_is_harmless_and_changes_no_number() -> None:
-    """Primed fused SGD equals torch's fused and default SGD bit for bit, and a skipped first
+    """Primed fused SGD equals torch's fused SGD bit for bit (default SGD to the last bit), and a skipped first
     step leaves zero momentum (torch's own fused SGD keeps uninitialised memory there)."""
     def run(build, skip_first: bool) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
         torch.manual_seed(0)
@@ -401,9 +401,12 @@ def test_fused_sgd_is_primed_so_a_skipped_first_step_is_harmless_and_changes_no_
     hyper = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}
     ours = run(lambda ps: T.make_optimizer("sgd", ps, torch.device("cpu"), fused=True, **hyper),
                False)
-    for other in (run(lambda ps: torch.optim.SGD(ps, fused=True, **hyper), False),
-                  run(lambda ps: torch.optim.SGD(ps, **hyper), False)):
-        assert all(torch.equal(a, b) for a, b in zip(ours, other))
+    fused = run(lambda ps: torch.optim.SGD(ps, fused=True, **hyper), False)
+    assert all(torch.equal(a, b) for a, b in zip(ours, fused))
+    # torch's own fused CPU kernel may differ from its default SGD in the last bit: on AVX512 it
+    # fuses a multiply-add (1.2e-7 here). Bit for bit is promised against the fused kernel only.
+    default = run(lambda ps: torch.optim.SGD(ps, **hyper), False)
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(ours, default))
     skipped = run(lambda ps: T.make_optimizer("sgd", ps, torch.device("cpu"), fused=True,
                                               **hyper), True)
     assert all(torch.isfinite(p).all() for p in skipped)
