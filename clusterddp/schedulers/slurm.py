@@ -30,13 +30,14 @@ from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.slurm_container import container_step
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
 
 TEMPLATE = "slurm.sbatch"
 
 
-def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> str:
+def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None, workdir: str | None = None) -> str:
     """The sbatch script for ``job``; ``job_path`` is how every node's launcher finds the file.
 
     ``python`` is the interpreter on the nodes (default: the job's ``python``, else this one).
@@ -46,6 +47,9 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
 
     The script runs the srun step up to ``1 + restarts`` times inside the allocation (see
     docs/slurm.md, "Fault tolerance"): each launcher gets ``--restart-count ATTEMPT``.
+
+    With ``container.image`` the step runs in that image (clusterddp.schedulers.slurm_container);
+    ``workdir`` is the container's working directory when ``container.workdir`` is not given.
     """
     where = q.place(job.source, job_path)
     slurm = job.slurm
@@ -57,6 +61,12 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
         # srun 22.05-23.02 does not inherit --cpus-per-task; the one launcher task needs them all.
         srun.append(f"--cpus-per-task={q.integer(slurm.cpus_per_task, where, 'slurm.cpus_per_task', 1)}")
     launcher = [q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
+    container_setup = container_attempt = ""
+    if job.container.enabled:
+        step = container_step(job, job_path, where, python, workdir)
+        srun.extend(step.srun_options)
+        launcher = list(step.launcher)
+        container_setup, container_attempt = step.setup, step.attempt
     values = {
         "version": __version__,
         "job_file": job_word,
@@ -64,6 +74,8 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
         "sbatch_options": "\n".join(sbatch_options(job, where)),
         "setup": _setup(job, where),
         "exports": _exports(job, where),
+        "container_setup": container_setup,
+        "container_attempt": container_attempt,
         "traps": _traps(slurm.signal, where),
         "launcher": " ".join(launcher),
         "srun_options": " ".join(srun),
@@ -211,7 +223,7 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
 
     def render(self, job: JobSpec, options: SlurmOptions) -> RenderedRequest:
         """The script with the job's absolute path: every node's launcher reads that file."""
-        script = render_sbatch(job, os.path.abspath(options.job), python=options.python)
+        script = render_sbatch(job, os.path.abspath(options.job), python=options.python, workdir=os.getcwd())
         return RenderedRequest(script, "sbatch --parsable SCRIPT (written under logs.dir first)", job)
 
     def wrote(self, request: RenderedRequest, path: str) -> None:
