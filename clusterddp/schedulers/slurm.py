@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from clusterddp import __version__
+from clusterddp import __version__, pack
 from clusterddp.errors import JobSpecError, SubmitError
 from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
@@ -30,7 +30,7 @@ from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
-from clusterddp.schedulers.slurm_container import container_step
+from clusterddp.schedulers.slurm_container import container_step, default_launcher
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
 
@@ -234,7 +234,18 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
         """Check the secrets named by env_passthrough are set here, then hand the script to sbatch."""
         job = request.job
         passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env)
+        if job.container.enabled and not options.dry_run:
+            _ensure_launcher(job)
         return _submit(job, request.text, dry_run=options.dry_run, env=env)
+
+
+def _ensure_launcher(job: JobSpec) -> None:
+    """The zipapp the script's container runs (``clusterddp pack``), built here when missing:
+    the login node has clusterddp, the image need not."""
+    path = job.container.launcher or default_launcher(job.container.workdir or os.getcwd())
+    if not os.path.isfile(path):
+        size = pack.build(path)
+        print(f"clusterddp: wrote the launcher the container runs: {path} ({size} bytes)", file=sys.stderr)
 
 
 #: What ``submit`` keeps from the caller's SLURM_* variables: the client's own configuration.
