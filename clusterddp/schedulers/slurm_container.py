@@ -77,12 +77,12 @@ def container_step(job: JobSpec, job_path: str, where: str, python: str | None, 
     image = _image(spec.image, runtime, where)
     job_dir = _absolute(os.path.dirname(job_path), where, "job file path",
                         "render from the job's directory with an absolute path (submit does)")
-    work = spec.workdir or workdir
+    work = spec.workdir if spec.workdir is not None else workdir
     if work is None:
         raise q.fail(where, "container.workdir", "required: the container's working directory",
                      "set container.workdir to an absolute path on the shared file system")
     work = _absolute(work, where, "container.workdir")
-    pyz = _absolute(spec.launcher or default_launcher(work), where, "container.launcher")
+    pyz = _absolute(spec.launcher if spec.launcher is not None else default_launcher(work), where, "container.launcher")
     names = sorted({*LAUNCHER_VARIABLES, *job.env, *job.env_passthrough, *spec.env})
     for index, name in enumerate(spec.env):
         q.env_name(name, where, f"container.env[{index}]")
