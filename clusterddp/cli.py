@@ -75,12 +75,30 @@ def _dispatch(argv: list[str]) -> int:
         from clusterddp.diagnose.request import StacksOptions, stacks_main
 
         return stacks_main(options_from(StacksOptions, args))
+    if args.command == "pack":
+        return _pack(args.output)
     if args.command == "doctor":
         from clusterddp.launch.doctor import DoctorOptions, doctor_main
 
         return doctor_main(args.job, options_from(DoctorOptions, args))
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _pack(output: str | None) -> int:
+    """Write the launcher's zipapp and say how a container runs it."""
+    from clusterddp import pack
+
+    path = output or pack.default_output()
+    problem = validate.path_problem(path)
+    if problem:
+        raise ClusterDDPError(f"pack: -o: {problem}")
+    try:
+        size = pack.build(path)
+    except OSError as exc:
+        raise ClusterDDPError(f"pack: cannot write {validate.shown(path)}: {exc.strerror}") from None
+    print(f"wrote {path} ({size} bytes): run it with any python3 >= 3.9 as 'python3 {path} run JOB'")
+    return 0
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -322,6 +340,9 @@ def _add_tool_commands(sub: Any) -> None:
     stacks.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
     stacks.add_argument("--log-dir", default="logs")
     stacks.add_argument("--timeout", default="10.0")
+
+    pack = sub.add_parser("pack", help="write the launcher as one file (a zipapp) that any python3 runs")
+    pack.add_argument("-o", "--output", help="the file to write (default clusterddp-VERSION.pyz)")
 
     doctor = sub.add_parser("doctor", help="preflight every node and measure all_reduce across them")
     doctor.add_argument("job")

@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping, Union
 
 from clusterddp import validate
 from clusterddp.errors import JobSpecError
+from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import KubernetesSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.sections.slurm import SlurmSpec
@@ -102,6 +103,8 @@ class JobSpec:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     openpai: OpenPAISpec = field(default_factory=OpenPAISpec)
     kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
+    #: The image the job runs in on every target (docs/containers.md); absent: bare processes.
+    container: ContainerSpec = field(default_factory=ContainerSpec)
     #: Set by load_job, not by the YAML: the file it came from and its directory.
     source: str | None = field(default=None, compare=False, metadata={INTERNAL: True})
     base_dir: str = field(default=".", compare=False, metadata={INTERNAL: True})
@@ -189,6 +192,9 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
         raise reader.fail(node, "script", "give either 'script' or 'module', not both")
     if not spec.script and not spec.module:
         raise reader.fail(node, "script", "missing what to run", "add 'script: train.py' or 'module: pkg.train'")
+    if spec.container != ContainerSpec() and spec.container.image is None:
+        raise JobSpecError(where, _line_of(node, "container"), "container.image", "missing: a container needs an image",
+                           "add 'image:' (a registry image, a squashfs/SIF file, or an OCI bundle directory)")
     name = spec.name if "name" in _keys(node) else _default_name(where)
     base_dir = os.path.dirname(os.path.abspath(where))
     spec = replace(spec, name=name, source=where, base_dir=base_dir, key_lines=types.MappingProxyType(reader.lines))

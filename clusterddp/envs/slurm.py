@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 
 from clusterddp.envs.base import ClusterEnv, Placement, run_id_from
@@ -38,6 +39,8 @@ ARRAY_JOB_ID = "SLURM_ARRAY_JOB_ID"
 ARRAY_TASK_ID = "SLURM_ARRAY_TASK_ID"
 STEP_ID = "SLURM_STEP_ID"
 NODE_ID = "SLURM_NODEID"
+#: The node's name as slurmd knows it (per task; absent in a 22.05 OCI container, like NODE_ID).
+NODE_NAME = "SLURMD_NODENAME"
 STEP_NODELIST = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 STEP_NUM_NODES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")
@@ -79,7 +82,7 @@ class SlurmEnv(ClusterEnv):
         if nnodes < 1:
             raise EnvironmentDetectionError(
                 f"slurm: cannot tell how many nodes the step has: set {STEP_NUM_NODES[0]} or {STEP_NODELIST[0]}")
-        node_rank = self.int_var(NODE_ID, high=MAX_NODES - 1)
+        node_rank = self._node_rank(hosts)
         if node_rank >= nnodes:
             raise self.error(NODE_ID, f"{node_rank} is outside 0..{nnodes - 1}")
         self._refuse_per_task(nnodes)
@@ -87,6 +90,21 @@ class SlurmEnv(ClusterEnv):
                          master_addr=self._master(hosts), master_port=self.port_var(MASTER_PORT),
                          nproc_per_node=self._gpus(), hosts=tuple(hosts), run_id=self._run_id(),
                          notes=self._restart_note())
+
+    def _node_rank(self, hosts: list[str]) -> int:
+        """``SLURM_NODEID``; without it (SLURM's OCI containers get no per-task variables), this
+        node's index in the step's node list, found by ``SLURMD_NODENAME`` or the host name."""
+        if self.raw_var(NODE_ID) is not None or not hosts:
+            return self.int_var(NODE_ID, high=MAX_NODES - 1)
+        name = self.host_var(NODE_NAME) or _host_name()
+        for candidate in (name, name.split(".")[0]):
+            if candidate in hosts:
+                return hosts.index(candidate)
+        raise EnvironmentDetectionError(
+            f"slurm: no {NODE_ID}, and this host's name {shown(name)} is not in {self.which(*STEP_NODELIST)} "
+            f"({shown(','.join(hosts[:8]))}{'...' if len(hosts) > 8 else ''})",
+            "inside a container, keep the node's host name (an OCI bundle without a uts namespace), "
+            f"or pass {NODE_ID} in")
 
     def relaunch(self, argv: list[str]) -> list[str] | None:
         """Outside a step, ``srun`` one copy of ``argv`` per node of the allocation.
@@ -194,6 +212,11 @@ class SlurmEnv(ClusterEnv):
     def _restart_note(self) -> tuple[str, ...]:
         count = self.first_int_var(RESTART_COUNT, high=MAX_COUNT)
         return (f"requeued job: {RESTART_COUNT}={count}",) if count else ()
+
+
+def _host_name() -> str:
+    """This machine's host name: with no SLURM_NODEID it is how a node finds its own rank."""
+    return socket.gethostname()
 
 
 def _executable(argv: list[str]) -> list[str]:

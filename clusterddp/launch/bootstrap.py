@@ -22,12 +22,28 @@ import sys
 import types
 
 _stacks_file = None  # kept open for the process's life: faulthandler writes to its fd
+#: The zipapp's argument that runs this bootstrap (clusterddp.pack spells it the same).
+ZIPAPP_ARG = "--clusterddp-bootstrap"
+
+
+def command() -> list[str]:
+    """How a worker's interpreter runs this file: by its path, or, when the launcher runs from
+    a zipapp (``clusterddp pack``, in a container), through the archive's ``__main__``."""
+    here = os.path.abspath(__file__)
+    if os.path.isfile(here):
+        return [here]
+    archive = here.rsplit(os.sep + os.path.join("clusterddp", "launch", "bootstrap.py"), 1)[0]
+    return [archive, ZIPAPP_ARG]
 
 
 def protocol() -> types.ModuleType:
     """``clusterddp/protocol.py`` by its path (no ``import clusterddp``: it may not be
     importable by this interpreter), as a private module left out of ``sys.modules``."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "protocol.py")
+    if not os.path.isfile(path):  # inside the zipapp, whose clusterddp is importable
+        import clusterddp.protocol
+
+        return clusterddp.protocol
     spec = importlib.util.spec_from_file_location("_clusterddp_protocol", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")

@@ -41,7 +41,7 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
     """
     workdir = os.path.abspath(os.path.join(cwd, job.workdir)) if job.workdir else cwd
     logs = run_dir(job, topology, cwd)
-    argv = (interpreter(job), bootstrap.__file__, *job.entry_argv())
+    argv = (interpreter(job), *bootstrap.command(), *job.entry_argv())
     defaults = {
         "OMP_NUM_THREADS": str(max(1, cpu_count() // topology.nproc_per_node)),
         "PYTHONUNBUFFERED": "1",

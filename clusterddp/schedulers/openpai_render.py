@@ -22,7 +22,7 @@ from clusterddp import __version__
 from clusterddp.errors import JobSpecError
 from clusterddp.schedulers import quoting as q
 from clusterddp.schedulers.quoting import flow_mapping, yaml_scalar
-from clusterddp.sections.openpai import IDENTIFIER_PATTERN, JOB_NAME_PATTERN
+from clusterddp.sections.openpai import IDENTIFIER_PATTERN, JOB_NAME_PATTERN, docker_image_problem
 from clusterddp.spec import JobSpec
 from clusterddp.templates import load_template
 from clusterddp.validate import one_line_problem, shown, text_problem
@@ -51,9 +51,13 @@ def _render(job: JobSpec, job_path: str, name: str | None) -> str:
     spec = job.openpai
     where = q.place(job.source, job_path)
     job_word = _job_word(job_path, where)
-    if not isinstance(spec.image, str) or not spec.image:
-        raise JobSpecError(where, None, "openpai.image", "required to render an OpenPAI job",
-                           "add 'openpai: {image: <docker image with torch and clusterddp>}'")
+    image = job.container.image
+    if not isinstance(image, str) or not image:
+        raise JobSpecError(where, None, "container.image", "required to render an OpenPAI job",
+                           "add 'container: {image: <docker image with torch>}'")
+    if docker_image_problem(image):
+        raise JobSpecError(where, job.key_lines.get("container.image"), "container.image",
+                           f"{docker_image_problem(image)}: OpenPAI runs a Docker image")
     job_name = name or spec.name or job.name
     if not isinstance(job_name, str) or not JOB_NAME_PATTERN.fullmatch(job_name):
         key = "name" if name is None and spec.name is None else "openpai.name"
@@ -75,7 +79,7 @@ def _render(job: JobSpec, job_path: str, name: str | None) -> str:
         "job_file": job_word,
         "name": yaml_scalar(job_name),
         "job_retry_count": _job_retry_count(job, where),
-        "image": _scalar(spec.image, where, "openpai.image"),
+        "image": _scalar(image, where, "container.image"),
         "parameters": _parameters(spec.parameters, where),
         "task_role": yaml_scalar(spec.task_role),  # "False", "null", "yes" are identifiers too
         "instances": _instances(job, where),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from clusterddp import __version__
+from clusterddp import __version__, pack
 from clusterddp.errors import JobSpecError, SubmitError
 from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
@@ -30,13 +30,14 @@ from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.slurm_container import container_step, default_launcher
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
 
 TEMPLATE = "slurm.sbatch"
 
 
-def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> str:
+def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None, workdir: str | None = None) -> str:
     """The sbatch script for ``job``; ``job_path`` is how every node's launcher finds the file.
 
     ``python`` is the interpreter on the nodes (default: the job's ``python``, else this one).
@@ -48,14 +49,17 @@ def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None) -> 
     docs/slurm.md, "Fault tolerance"): each launcher gets ``--restart-count ATTEMPT``.
 
     A refusal names the job file's line of the key at fault (``JobSpec.placed``).
+
+    With ``container.image`` the step runs in that image (clusterddp.schedulers.slurm_container);
+    ``workdir`` is the container's working directory when ``container.workdir`` is not given.
     """
     try:
-        return _render_sbatch(job, job_path, python)
+        return _render_sbatch(job, job_path, python, workdir)
     except JobSpecError as exc:
         raise job.placed(exc) from None
 
 
-def _render_sbatch(job: JobSpec, job_path: str, python: str | None) -> str:
+def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str | None) -> str:
     where = q.place(job.source, job_path)
     slurm = job.slurm
     job_word = q.path_word(job_path, where, "job file path")
@@ -66,6 +70,12 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None) -> str:
         # srun 22.05-23.02 does not inherit --cpus-per-task; the one launcher task needs them all.
         srun.append(f"--cpus-per-task={q.integer(slurm.cpus_per_task, where, 'slurm.cpus_per_task', 1)}")
     launcher = [q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
+    container_setup = container_attempt = ""
+    if job.container.enabled:
+        step = container_step(job, job_path, where, python, workdir)
+        srun.extend(step.srun_options)
+        launcher = list(step.launcher)
+        container_setup, container_attempt = step.setup, step.attempt
     values = {
         "version": __version__,
         "job_file": job_word,
@@ -73,6 +83,8 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None) -> str:
         "sbatch_options": "\n".join(sbatch_options(job, where)),
         "setup": _setup(job, where),
         "exports": _exports(job, where),
+        "container_setup": container_setup,
+        "container_attempt": container_attempt,
         "traps": _traps(slurm.signal, where),
         "launcher": " ".join(launcher),
         "srun_options": " ".join(srun),
@@ -220,7 +232,7 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
 
     def render(self, job: JobSpec, options: SlurmOptions) -> RenderedRequest:
         """The script with the job's absolute path: every node's launcher reads that file."""
-        script = render_sbatch(job, os.path.abspath(options.job), python=options.python)
+        script = render_sbatch(job, os.path.abspath(options.job), python=options.python, workdir=os.getcwd())
         return RenderedRequest(script, "sbatch --parsable SCRIPT (written under logs.dir first)", job)
 
     def wrote(self, request: RenderedRequest, path: str) -> None:
@@ -231,7 +243,18 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
         """Check the secrets named by env_passthrough are set here, then hand the script to sbatch."""
         job = request.job
         passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env, job.line_of)
+        if job.container.enabled and not options.dry_run:
+            _ensure_launcher(job)
         return _submit(job, request.text, dry_run=options.dry_run, env=env)
+
+
+def _ensure_launcher(job: JobSpec) -> None:
+    """The zipapp the script's container runs (``clusterddp pack``), built here when missing:
+    the login node has clusterddp, the image need not."""
+    path = job.container.launcher or default_launcher(job.container.workdir or os.getcwd())
+    if not os.path.isfile(path):
+        size = pack.build(path)
+        print(f"clusterddp: wrote the launcher the container runs: {path} ({size} bytes)", file=sys.stderr)
 
 
 #: What ``submit`` keeps from the caller's SLURM_* variables: the client's own configuration.

@@ -42,7 +42,8 @@ def _port_label(value: str) -> str | None:
     return _identifier(value)
 
 
-def _image(value: str) -> str | None:
+def docker_image_problem(value: str) -> str | None:
+    """OpenPAI runs Docker images: ``container.image`` must be a Docker reference there."""
     if IMAGE_PATTERN.fullmatch(value):
         return None
     return f"not a Docker image reference: {shown(value)}"
@@ -58,7 +59,7 @@ def _parameter_names(value: dict[str, str]) -> str | None:
 
 @dataclass(frozen=True)
 class OpenPAISpec:
-    """Task role, image and resources of the OpenPAI job; never holds secrets.
+    """Task role and resources of the OpenPAI job; never holds secrets.
 
     The token used to submit comes from the environment or a token file, never from here:
     job files are committed and shared. Retries are the job's ``restarts`` (jobRetryCount);
@@ -69,10 +70,9 @@ class OpenPAISpec:
         "job_retry_count": "write the job's top-level 'restarts: N': it renders as jobRetryCount",
         "task_retry_count": "removed: OpenPAI ignores taskRetryCount under gang allocation, and a task "
                             "retried alone could not rejoin the job; use the top-level 'restarts'",
+        "image": "moved to the job-level 'container: {image: ...}', which every target reads",
     }
 
-    #: Docker image every instance runs; required to render, not to run locally.
-    image: str | None = field(default=None, metadata=check(_image))
     #: OpenPAI job name (unique per user); default the job's ``name``.
     name: str | None = field(default=None, metadata=check(_job_name))
     virtual_cluster: str = field(default="default", metadata=check(_identifier))

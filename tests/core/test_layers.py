@@ -60,7 +60,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"launch", "schedulers", "diagnose"}),
     frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile"}),
     frozenset({"errors", "exitcodes", "devices", "hostlist", "protocol", "validate", "redact", "affinity",
-               "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp"}),
+               "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp", "pack"}),
 )
 #: The command layer: its units never import each other.
 INDEPENDENT = LAYERS[2]

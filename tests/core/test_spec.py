@@ -19,7 +19,7 @@ MALFORMED = [
     ("unknown_nested_key", "master:\n  adr: x\n", "master.adr: unknown key (hint: did you mean 'addr'?)", 3),
     ("unknown_ssh_key", "ssh:\n  hostz: [a]\n", "ssh.hostz: unknown key (hint: did you mean 'hosts'?)", 3),
     ("unknown_slurm_key", "slurm:\n  partitoin: gpu\n", "slurm.partitoin: unknown key (hint: did you mean 'partition'?)", 3),
-    ("unknown_openpai_key", "openpai:\n  imag: x\n", "openpai.imag: unknown key (hint: did you mean 'image'?)", 3),
+    ("unknown_openpai_key", "openpai:\n  virtual_clustr: x\n", "openpai.virtual_clustr: unknown key (hint: did you mean 'virtual_cluster'?)", 3),
     ("unknown_logs_key", "logs:\n  dirr: x\n", "logs.dirr: unknown key (hint: did you mean 'dir'?)", 3),
     ("nodes_string", "nodes: two\n", "nodes: expected an integer or 'MIN:MAX' (like torchrun's --nnodes 3:4), got str 'two'", 2),
     ("nodes_zero", "nodes: 0\n", "nodes: must be > 0, got 0", 2),
@@ -128,7 +128,7 @@ def test_valid_job_is_typed_and_frozen(tmp_path: Path) -> None:
         logs: {{ranks: [0, 1], prefix: false}}
         ssh: {{hosts: [a, b], port: 2222}}
         slurm: {{partition: gpu, gpus_per_node: 8}}
-        openpai: {{image: pytorch/pytorch:latest}}
+        container: {{image: pytorch/pytorch:latest}}
         """))
     job = load_job(path)
     assert job.args == ("--epochs", "3", "--lr", "0.1")
@@ -136,7 +136,7 @@ def test_valid_job_is_typed_and_frozen(tmp_path: Path) -> None:
     assert dict(job.env) == {"OMP_NUM_THREADS": "4", "NAME": "x"}
     assert job.master.port == 29500 and job.logs.ranks == (0, 1) and job.logs.prefix is False
     assert job.ssh.hosts == ("a", "b") and job.ssh.port == 2222
-    assert job.slurm.partition == "gpu" and job.openpai.image == "pytorch/pytorch:latest"
+    assert job.slurm.partition == "gpu" and job.container.image == "pytorch/pytorch:latest"
     with pytest.raises(Exception):
         job.nodes = 3  # type: ignore[misc]
 

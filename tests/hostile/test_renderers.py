@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from clusterddp.errors import JobSpecError
 from clusterddp.schedulers.openpai_render import render_openpai
 from clusterddp.schedulers.slurm import default_output, render_sbatch
+from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.spec import JobSpec, LogsSpec
@@ -278,21 +279,22 @@ def test_a_broken_setup_line_cannot_swallow_the_rest(stubs: Path, tmp_path: Path
 # --- OpenPAI -------------------------------------------------------------------------------
 
 def pai_job(**fields: object) -> JobSpec:
-    return base_job(openpai=replace(OpenPAISpec(image="img:1"), **fields))
+    return base_job(container=ContainerSpec(image="img:1"), openpai=replace(OpenPAISpec(), **fields))
 
 
 OPENPAI_FIELDS: dict[str, Callable[[str], tuple[JobSpec, str, str | None]]] = {
-    "name": lambda v: (base_job(name=v, openpai=OpenPAISpec(image="img:1")), JOB_PATH, None),
+    "name": lambda v: (base_job(name=v, container=ContainerSpec(image="img:1")), JOB_PATH, None),
     "--name": lambda v: (pai_job(), JOB_PATH, v),
     "job path": lambda v: (pai_job(), v, None),
     **{f"openpai.{f}": (lambda f: lambda v: (pai_job(**{f: v}), JOB_PATH, None))(f)
-       for f in ("image", "name", "virtual_cluster", "task_role", "port_label", "cpu", "memory_mb", "gpu",
+       for f in ("name", "virtual_cluster", "task_role", "port_label", "cpu", "memory_mb", "gpu",
                  "shm_mb")},
+    "container.image": lambda v: (base_job(container=ContainerSpec(image=v)), JOB_PATH, None),
     "openpai.parameters key": lambda v: (pai_job(parameters={v: "1"}), JOB_PATH, None),
     "openpai.parameters value": lambda v: (pai_job(parameters={"p": v}), JOB_PATH, None),
     "openpai.setup": lambda v: (pai_job(setup=(v,)), JOB_PATH, None),
-    "nodes": lambda v: (base_job(nodes=v, openpai=OpenPAISpec(image="img:1")), JOB_PATH, None),
-    "restarts": lambda v: (base_job(restarts=v, openpai=OpenPAISpec(image="img:1")), JOB_PATH, None),
+    "nodes": lambda v: (base_job(nodes=v, container=ContainerSpec(image="img:1")), JOB_PATH, None),
+    "restarts": lambda v: (base_job(restarts=v, container=ContainerSpec(image="img:1")), JOB_PATH, None),
 }
 
 
@@ -309,8 +311,8 @@ def test_openpai_for_every_hostile_value(field: str, stubs: Path, tmp_path: Path
         role = spec["taskRoles"][job.openpai.task_role]
         commands = role["commands"]
         assert commands[:-1] == list(job.openpai.setup)
-        if field in ("openpai.image", "openpai.virtual_cluster", "openpai.parameters value"):
-            got = {"openpai.image": spec["prerequisites"][0]["uri"], "openpai.virtual_cluster":
+        if field in ("container.image", "openpai.virtual_cluster", "openpai.parameters value"):
+            got = {"container.image": spec["prerequisites"][0]["uri"], "openpai.virtual_cluster":
                    spec["defaults"]["virtualCluster"], "openpai.parameters value": spec["parameters"].get("p")}
             assert got[field] == value
         if field == "openpai.parameters key":
@@ -330,7 +332,7 @@ def test_openpai_for_every_hostile_value(field: str, stubs: Path, tmp_path: Path
 def test_openpai_restarts_out_of_range_or_not_an_integer(value: object) -> None:
     """restarts becomes jobRetryCount, an int32 >= 0 in FrameworkController: a negative (-2 is its
     'retry forever'), huge, fractional, string or bool value is refused in one line naming it."""
-    job = base_job(restarts=value, openpai=OpenPAISpec(image="img:1"))
+    job = base_job(restarts=value, container=ContainerSpec(image="img:1"))
     with pytest.raises(JobSpecError) as info:
         render_openpai(job, JOB_PATH)
     assert_one_line_refusal(info.value)
@@ -365,7 +367,7 @@ def test_sbatch_property(field: str, value: str) -> None:
 
 
 @SLOW
-@given(field=st.sampled_from(["name", "--name", "job path", "openpai.image", "openpai.virtual_cluster",
+@given(field=st.sampled_from(["name", "--name", "job path", "container.image", "openpai.virtual_cluster",
                               "openpai.parameters key", "openpai.parameters value", "openpai.task_role",
                               "openpai.setup"]), value=TEXT)
 def test_openpai_property(field: str, value: str) -> None:
@@ -380,7 +382,7 @@ def test_openpai_property(field: str, value: str) -> None:
     spec = yaml.safe_load(text)
     commands = spec["taskRoles"][job.openpai.task_role]["commands"]
     assert shlex.split(commands[-1]) == ["clusterddp", "run", job_path]
-    assert spec["prerequisites"][0]["uri"] == job.openpai.image
+    assert spec["prerequisites"][0]["uri"] == job.container.image
     assert spec["defaults"]["virtualCluster"] == job.openpai.virtual_cluster
     assert spec["parameters"] == dict(job.openpai.parameters)
     assert json.dumps(spec)  # plain data only: no YAML tags smuggled in

@@ -303,7 +303,7 @@ def test_dry_run_under_openpai_shows_the_attempt(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("", encoding="utf-8")
     job = tmp_path / "job.yaml"
     job.write_text("name: j\nscript: t.py\nnodes: 2\nnproc_per_node: 2\nbackend: gloo\nrestarts: 2\n"
-                   "cpu_affinity: none\nopenpai:\n  image: img:1\n", encoding="utf-8")
+                   "cpu_affinity: none\ncontainer:\n  image: img:1\n", encoding="utf-8")
     env = env_for(TaskRole("worker", 2, IPS[:2]), 0, attempt=1)
     result = cli("run", str(job), "--dry-run", "--log-dir", str(tmp_path / "logs"), env=cli_env(**env))
     assert result.returncode == 0, result.stderr

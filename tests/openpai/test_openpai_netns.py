@@ -22,6 +22,7 @@ from pai_runtime import SEED_VARIABLES, TaskRole, runtime_env
 
 from clusterddp.envs import Overrides
 from clusterddp.schedulers.openpai_render import render_openpai
+from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import load_job
 
@@ -77,8 +78,8 @@ def ranks_seen(results: list[subprocess.CompletedProcess[str]]) -> list[int]:
 def test_full_openpai_runtime_environment_two_tasks(tmp_path: Path) -> None:
     """Role 'train_er', label 'RdzvPort' with 3 ports: both tasks join, ranks 0-3 all-reduce to 6."""
     job = load_job(HELLO)
-    job = replace(job, openpai=OpenPAISpec(image="pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
-                                           task_role="train_er", port_label="RdzvPort", cpu=2,
+    job = replace(job, container=ContainerSpec(image="pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime"),
+                  openpai=OpenPAISpec(task_role="train_er", port_label="RdzvPort", cpu=2,
                                            setup=(f"export GLOO_SOCKET_IFNAME={IFNAME}",)), nodes=2)
     spec = yaml.safe_load(render_openpai(job, str(HELLO)))
     (role_name, role), = spec["taskRoles"].items()

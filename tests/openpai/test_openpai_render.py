@@ -16,6 +16,7 @@ from clusterddp.errors import JobSpecError
 from clusterddp.schedulers.openpai import OpenPAIOptions, OpenPAIScheduler
 from clusterddp.schedulers.openpai_render import chain_problem, render_openpai
 from clusterddp.schedulers.quoting import yaml_scalar
+from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import load_job
 
@@ -77,7 +78,7 @@ def test_restarts_render_as_the_job_retry_count_and_no_task_retries(restarts: in
 def write_job(tmp_path: Path, extra: str) -> Path:
     (tmp_path / "t.py").write_text("", encoding="utf-8")
     path = tmp_path / "job.yaml"
-    path.write_text(f"name: j\nscript: t.py\nopenpai:\n  image: img:1\n{extra}", encoding="utf-8")
+    path.write_text(f"name: j\nscript: t.py\ncontainer:\n  image: img:1\n{extra}", encoding="utf-8")
     return path
 
 
@@ -146,14 +147,15 @@ def test_job_path_is_quoted_in_the_command() -> None:
 
 
 @pytest.mark.parametrize("change, key, message", [
-    ({"openpai": OpenPAISpec()}, "openpai.image", "required to render"),
+    ({"container": ContainerSpec()}, "container.image", "required to render"),
+    ({"container": ContainerSpec(image="./img.sqsh")}, "container.image", "Docker image"),
     ({"name": "a.b"}, "name", "not a valid OpenPAI job name"),
     ({"backend": "nccl"}, "openpai.gpu", "is 0 but the backend is nccl"),
     ({"nproc_per_node": "gpu"}, "openpai.gpu", "nproc_per_node is 'gpu'"),
-    ({"nproc_per_node": 8, "openpai": OpenPAISpec(image="i", gpu=4)}, "openpai.gpu", "one GPU per worker"),
-    ({"openpai": OpenPAISpec(image="i", setup=("pip install x  # pin later",))}, r"openpai.setup\[0\]", "comment"),
-    ({"openpai": OpenPAISpec(image="i", setup=("ok", "sleep 1 &"))}, r"openpai.setup\[1\]", "ends with '&'"),
-    ({"openpai": OpenPAISpec(image="i", setup=("echo 'x",))}, r"openpai.setup\[0\]", "unclosed ' quote"),
+    ({"nproc_per_node": 8, "openpai": OpenPAISpec(gpu=4)}, "openpai.gpu", "one GPU per worker"),
+    ({"openpai": OpenPAISpec(setup=("pip install x  # pin later",))}, r"openpai.setup\[0\]", "comment"),
+    ({"openpai": OpenPAISpec(setup=("ok", "sleep 1 &"))}, r"openpai.setup\[1\]", "ends with '&'"),
+    ({"openpai": OpenPAISpec(setup=("echo 'x",))}, r"openpai.setup\[0\]", "unclosed ' quote"),
 ])
 def test_render_refuses_what_would_fail_later(change: dict, key: str, message: str) -> None:
     """Missing or inconsistent values fail at render time, naming the job-file key."""
@@ -225,10 +227,11 @@ def test_submit_dry_run_sends_nothing_and_needs_no_token(capsys: pytest.CaptureF
 @pytest.mark.parametrize("role, label", [("False", "null"), ("yes", "Off"), ("NULL", "true")])
 def test_identifiers_that_yaml_reads_as_booleans_stay_strings(role: str, label: str) -> None:
     """A task role 'False' or a port label 'null' is a valid identifier: it renders as a string key, not a YAML bool."""
+    from clusterddp.sections.container import ContainerSpec
     from clusterddp.sections.openpai import OpenPAISpec
     from clusterddp.spec import JobSpec
 
-    job = JobSpec(name="j", script="t.py", openpai=OpenPAISpec(image="img", task_role=role, port_label=label))
+    job = JobSpec(name="j", script="t.py", container=ContainerSpec(image="img"), openpai=OpenPAISpec(task_role=role, port_label=label))
     spec = yaml.safe_load(render_openpai(job, "t.yaml"))
     assert list(spec["taskRoles"]) == [role]
     assert label in spec["taskRoles"][role]["resourcePerInstance"]["ports"]

@@ -22,6 +22,7 @@ from clusterddp.errors import SubmitError
 from clusterddp.schedulers.openpai import OpenPAIScheduler
 from clusterddp.schedulers.openpai_render import render_openpai
 from clusterddp.schedulers.openpai_rest import OpenPAIClient, Secret, base_url, read_token
+from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import load_job
 
@@ -98,7 +99,7 @@ def test_400_shows_the_servers_message_on_one_line(pai: FakeOpenPAI, leak_check:
 def test_403_names_the_virtual_cluster(pai: FakeOpenPAI, tmp_path: Path, leak_check: None) -> None:
     """A virtual cluster the user may not use: 403 with the server's words and a hint."""
     job = tmp_path / "vc.yaml"
-    job.write_text(Path(JOB).read_text().replace("openpai:\n", "openpai:\n  virtual_cluster: vip\n")
+    job.write_text((Path(JOB).read_text() + "openpai:\n  virtual_cluster: vip\n")
                    .replace("../../../jobs/hello.py", str(REPO / "jobs" / "hello.py")))
     with pytest.raises(SubmitError, match=r"OpenPAI refused \(403 ForbiddenUserError\): .*not allowed.* vip") as info:
         run_openpai("submit", [str(job), "--url", pai.url], env=env())
@@ -237,7 +238,8 @@ def test_cli_subprocess_submit_and_conflict_never_print_the_token(pai: FakeOpenP
 def test_rendered_spec_submits_unchanged_for_a_gpu_job(pai: FakeOpenPAI, leak_check: None) -> None:
     """A GPU job's spec (gpu 4, nccl) passes the server's rules and is accepted."""
     job = replace(load_job(JOB), backend="nccl", nproc_per_node=4,
-                  openpai=replace(OpenPAISpec(), image="img", gpu=4, virtual_cluster="default"))
+                  container=ContainerSpec(image="img"),
+                  openpai=replace(OpenPAISpec(), gpu=4, virtual_cluster="default"))
     spec = render_openpai(job, "jobs/x.yaml", name="gpu-job")
     assert OpenPAIClient(pai.url, Secret(TOKEN)).submit(spec) == "alice~gpu-job"
     assert yaml.safe_load(pai.requests[0].body)["taskRoles"]["worker"]["resourcePerInstance"]["gpu"] == 4

@@ -12,6 +12,7 @@ import yaml
 from server_rules import DATA, SCHEMA, framework_errors, middleware_errors, schema_errors, server_errors
 
 from clusterddp.schedulers.openpai_render import MAX_INSTANCES, MAX_RETRY_COUNT, render_openpai
+from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import JobSpec, load_job
 
@@ -55,8 +56,8 @@ def test_middleware_rules_catch_bad_references() -> None:
 def test_rendered_example_jobs_pass_the_server_rules(path: Path) -> None:
     """Every example job renders to a spec the REST server accepts, ready for clusterddp run."""
     job = load_job(path)
-    if job.openpai.image is None:
-        job = replace(job, openpai=replace(job.openpai, image=PLACEHOLDER_IMAGE))
+    if job.container.image is None:
+        job = replace(job, container=ContainerSpec(image=PLACEHOLDER_IMAGE))
     relative = os.path.relpath(path, REPO)
     text = render_openpai(job, relative)
     assert server_errors(text) == []
@@ -99,7 +100,7 @@ def test_framework_rules_catch_what_the_schema_lets_through() -> None:
 def test_rendered_retry_policy_passes_the_server_rules(restarts: int, nodes: int | str) -> None:
     """Any restarts the renderer accepts, with any fixed node count, gives a spec OpenPAI accepts:
     jobRetryCount = restarts, taskRetryCount 0, instances = the count, gang allocation on."""
-    job = JobSpec(name="j", script="t.py", nodes=nodes, restarts=restarts, openpai=OpenPAISpec(image="img:1"))
+    job = JobSpec(name="j", script="t.py", nodes=nodes, restarts=restarts, container=ContainerSpec(image="img:1"))
     text = render_openpai(job, "jobs/j.yaml")
     assert server_errors(text) == []
     spec = yaml.safe_load(text)

@@ -114,7 +114,8 @@ def test_job_level_layout_does_not_mean_per_task() -> None:
 BROKEN = [
     ("bad nodelist", env_with(PER_NODE, SLURM_STEP_NODELIST="n[2-1]"), "SLURM_STEP_NODELIST"),
     ("node id outside", env_with(PER_NODE, SLURM_NODEID="2"), "SLURM_NODEID: 2 is outside 0..1"),
-    ("node id missing", env_with(PER_NODE, SLURM_NODEID=None), "SLURM_NODEID is not set"),
+    ("node id and name missing", env_with(PER_NODE, SLURM_NODEID=None, SLURMD_NODENAME="n9"),
+     "no SLURM_NODEID, and this host's name 'n9' is not in SLURM_STEP_NODELIST"),
     ("node id not a number", env_with(PER_NODE, SLURM_NODEID="one"), "SLURM_NODEID: expected an integer"),
     ("list and count disagree", env_with(PER_NODE, SLURM_STEP_NUM_NODES="3"), "lists 2 hosts"),
     ("bad layout", env_with(PER_NODE, SLURM_STEP_TASKS_PER_NODE="1(x)"), "SLURM_STEP_TASKS_PER_NODE"),
@@ -195,3 +196,23 @@ def test_master_port_from_the_environment_wins() -> None:
     """MASTER_PORT exported in the job script is used as is."""
     placement = SlurmEnv(env_with(PER_NODE, MASTER_PORT="29511"), Overrides()).placement()
     assert placement.master_port == 29511
+
+
+#: What SLURM 22.05 writes into an OCI container: the step's variables, none of the task's.
+OCI_STEP = env_with(PER_NODE, SLURM_NODEID=None, SLURM_PROCID=None, SLURM_LOCALID=None, SLURMD_NODENAME=None)
+
+
+def test_oci_container_places_itself_by_node_name() -> None:
+    """Without SLURM_NODEID, SLURMD_NODENAME's index in the step's node list is the node rank."""
+    placement = SlurmEnv(env_with(OCI_STEP, SLURMD_NODENAME="n2"), Overrides()).placement()
+    assert (placement.node_rank, placement.nnodes, placement.master_addr) == (1, 2, "n1")
+
+
+def test_oci_container_places_itself_by_host_name() -> None:
+    """With neither SLURM_NODEID nor SLURMD_NODENAME (a 22.05 OCI step), this host's own name
+    (short form too) is found in the step's node list."""
+    import socket
+
+    name = socket.gethostname().split(".")[0]
+    env = env_with(OCI_STEP, SLURM_STEP_NODELIST=f"other1,{name}", SLURM_STEP_NUM_NODES="2")
+    assert SlurmEnv(env, Overrides()).placement().node_rank == 1

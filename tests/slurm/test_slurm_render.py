@@ -23,7 +23,9 @@ CASES = sorted(p.stem for p in GOLDEN.glob("*.yaml"))
 
 def rendered(case: str) -> str:
     job = load_job(GOLDEN / f"{case}.yaml")
-    text = render_sbatch(job, f"jobs/{case}.yaml", python=PYTHON)
+    # A container sees the job file at the path the script names: an absolute one.
+    path = f"/shared/jobs/{case}.yaml" if job.container.enabled else f"jobs/{case}.yaml"
+    text = render_sbatch(job, path, python=None if job.container.enabled else PYTHON)
     return text.replace(f"clusterddp {clusterddp.__version__} ", "clusterddp VERSION ")
 
 

@@ -1,0 +1,108 @@
+"""``clusterddp pack``: the launcher as one file that runs with any python3 (a zipapp).
+
+An image with torch but without clusterddp must run the job (docs/containers.md). The
+launcher needs the standard library and PyYAML only, so the zipapp holds clusterddp's own
+sources (``clusterddp.train`` included: a worker whose image has torch imports it from the
+same file) and PyYAML's pure-Python package, without its C extension: ``yaml`` falls back to
+its Python scanner when ``_yaml`` is missing, and a zip cannot load a C extension anyway.
+PyYAML is MIT-licensed; its license text travels in the archive (``licenses/PyYAML.txt``).
+
+The archive is reproducible: sorted entries, fixed timestamps, no bytecode. Its
+``__main__`` runs the CLI (and puts the archive on PYTHONPATH for the workers), or, with
+``BOOTSTRAP_ARG`` first, a worker's bootstrap (clusterddp.launch.bootstrap), which a
+python cannot run by a path inside a zip.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+import clusterddp
+
+#: The pyz's first argument that makes it a worker's bootstrap instead of the CLI.
+BOOTSTRAP_ARG = "--clusterddp-bootstrap"  # clusterddp.launch.bootstrap.ZIPAPP_ARG
+#: Files of the clusterddp package that go in (sources and the rendering templates).
+PACKAGE_SUFFIXES = (".py", ".sbatch", ".yaml")
+#: A fixed time for every entry, so the same sources give the same bytes.
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+SHEBANG = b"#!/usr/bin/env python3\n"
+
+MAIN = f'''"""clusterddp {clusterddp.__version__} as one file: python3 clusterddp.pyz run job.yaml"""
+import os
+import sys
+
+archive = os.path.abspath(sys.argv[0])
+if sys.argv[1:2] == [{BOOTSTRAP_ARG!r}]:
+    del sys.argv[1]
+    from clusterddp.launch import bootstrap
+    bootstrap.main()
+else:
+    # Workers (run by the bootstrap, which replaces sys.path[0]) import clusterddp.train from here.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != archive]
+    os.environ["PYTHONPATH"] = os.pathsep.join([archive, *paths])
+    from clusterddp.cli import main
+    sys.exit(main())
+'''
+
+
+def package_files() -> list[tuple[str, Path]]:
+    """(name in the archive, file here) for clusterddp and PyYAML's pure-Python part."""
+    entries: list[tuple[str, Path]] = []
+    for name, root in (("clusterddp", Path(clusterddp.__file__).parent), ("yaml", Path(yaml.__file__).parent)):
+        suffixes = PACKAGE_SUFFIXES if name == "clusterddp" else (".py",)
+        for directory, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for file in sorted(files):
+                path = Path(directory) / file
+                if path.suffix in suffixes:
+                    entries.append((f"{name}/{path.relative_to(root).as_posix()}", path))
+    return entries
+
+
+def yaml_license() -> bytes | None:
+    """PyYAML's LICENSE from its installed metadata (MIT: the notice must travel with it)."""
+    try:
+        dist = metadata.distribution("PyYAML")
+    except metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if file.name.upper().startswith(("LICENSE", "COPYING")):
+            return Path(str(dist.locate_file(file))).read_bytes()
+    return None
+
+
+def build(output: str) -> int:
+    """Write the zipapp to ``output`` (atomically, executable); its size in bytes."""
+    buffer = io.BytesIO()
+    buffer.write(SHEBANG)  # before the zip, as zipapp writes it: the offsets then count it
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        def add(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+        add("__main__.py", MAIN.encode("utf-8"))
+        for name, path in package_files():
+            add(name, path.read_bytes())
+        license_text = yaml_license()
+        if license_text is not None:
+            add("licenses/PyYAML.txt", license_text)
+    data = buffer.getvalue()
+    target = Path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial.write_bytes(data)
+    partial.chmod(partial.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
+    os.replace(partial, target)
+    return len(data)
+
+
+def default_output() -> str:
+    return f"clusterddp-{clusterddp.__version__}.pyz"

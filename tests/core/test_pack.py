@@ -1,0 +1,88 @@
+"""``clusterddp pack``: the launcher as one file that runs with a python that has neither
+clusterddp nor PyYAML (an image with torch only), workers included (issue 18, item 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli
+
+#: An interpreter outside the venv, run isolated and without site: no clusterddp, no PyYAML.
+BARE = shutil.which("python3", path="/usr/bin:/bin")
+pytestmark = pytest.mark.skipif(BARE is None, reason="no /usr/bin/python3 to run the zipapp with")
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pack") / "clusterddp.pyz"
+    result = cli("pack", "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {path}" in result.stdout
+    return path
+
+
+def bare(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run([str(BARE), "-I", "-S", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_bare_python_has_neither_clusterddp_nor_yaml(tmp_path: Path) -> None:
+    """The interpreter the other tests use really lacks both (else they would prove nothing)."""
+    for module in ("clusterddp", "yaml"):
+        result = bare("-c", f"import {module}", cwd=tmp_path)
+        assert "ModuleNotFoundError" in result.stderr, (module, result.stderr)
+
+
+def test_archive_holds_sources_pure_yaml_and_its_license(pyz: Path) -> None:
+    """Sources and templates of clusterddp, PyYAML's .py files (no C extension), PyYAML's MIT license."""
+    names = zipfile.ZipFile(pyz).namelist()
+    assert "__main__.py" in names and "clusterddp/cli.py" in names and "clusterddp/train/__init__.py" in names
+    assert "clusterddp/templates/slurm.sbatch" in names and "yaml/__init__.py" in names
+    assert "licenses/PyYAML.txt" in names
+    assert not [n for n in names if n.endswith((".so", ".pyc"))]
+    assert pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n") and os.access(pyz, os.X_OK)
+
+
+def test_pack_is_reproducible(pyz: Path, tmp_path: Path) -> None:
+    """The same sources pack to the same bytes (fixed times, sorted entries)."""
+    again = tmp_path / "again.pyz"
+    assert cli("pack", "-o", str(again)).returncode == 0
+    assert again.read_bytes() == pyz.read_bytes()
+
+
+def test_dry_run_and_render_from_the_archive(pyz: Path, tmp_path: Path) -> None:
+    """'run --dry-run' and 'render slurm' work from the archive with the bare python."""
+    job = tmp_path / "job.yaml"
+    job.write_text(f"script: {REPO / 'tests' / 'bin' / 'dump_env.py'}\nnproc_per_node: 2\n")
+    result = bare(str(pyz), "run", str(job), "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "WORLD_SIZE=2" in result.stdout
+    rendered = bare(str(pyz), "render", "slurm", str(job), cwd=tmp_path)
+    assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr
+
+
+def test_two_workers_run_from_the_archive(pyz: Path, tmp_path: Path) -> None:
+    """A real 2-worker run: both ranks get the torchrun contract, and each worker imports
+    clusterddp (as clusterddp.train would be) from the archive itself."""
+    out = tmp_path / "out"
+    out.mkdir()
+    worker = tmp_path / "worker.py"
+    worker.write_text((REPO / "tests" / "bin" / "dump_env.py").read_text()
+                      + "import clusterddp, clusterddp.train.atomic\n"
+                      + "open(os.path.join(sys.argv[1], 'from' + os.environ['RANK']), 'w').write(clusterddp.__file__)\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"script: {worker}\nargs: [{out}]\nnproc_per_node: 2\ncpu_affinity: none\n")
+    result = bare(str(pyz), "run", str(job), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        env = json.loads((out / f"rank{rank}.json").read_text())["env"]
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "2", str(rank))
+        assert (out / f"from{rank}").read_text() == str(pyz / "clusterddp" / "__init__.py")
