@@ -189,6 +189,24 @@ def test_restarts_used_up_report_every_attempt(lab4: SSHLab, head_factory, tmp_p
     assert lab4.wait_clean(5)[0]
 
 
+def test_a_stop_signal_during_the_backoff_stops_the_head_at_once(lab4: SSHLab, head_factory) -> None:
+    """SIGTERM to the head while it waits out a 2 s backoff: no further attempt, exit 143 (128+N,
+    as a launcher on one node), every attempt reported, nothing left on the hosts."""
+    job = write_job(lab4, str(REPO / "tests" / "bin" / "exit_with.py"), nproc=1, args=["3"])
+    data = yaml.safe_load(job.read_text())
+    data.update({"restarts": 3})
+    job.write_text(yaml.safe_dump(data))
+    head = head_factory(str(job), "--hostfile", str(lab4.hostfile))
+    sent = _wait_stderr(head, r"restarting the whole job in 2s \(restart 2 of 3\)", timeout=90)
+    head.proc.send_signal(signal.SIGTERM)
+    code = head.finish(30)
+    stderr = "\n".join(head.stderr)
+    assert code == 143 and time.monotonic() - sent < 1.5, head.output()
+    assert "SIGTERM before the restart: not restarting" in stderr and "2 attempts:" in stderr, stderr
+    assert "restart 2:" not in stderr, stderr
+    assert lab4.wait_clean(5)[0]
+
+
 @pytest.mark.parametrize("exit_code", [75, 65])
 def test_preempted_or_nonfinite_is_never_restarted(lab4: SSHLab, head_factory, exit_code: int) -> None:
     """Exit 75 (preempted: the scheduler's business) and 65 (non-finite loss) end the job at once."""

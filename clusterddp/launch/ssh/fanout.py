@@ -145,8 +145,10 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None]) -> int:
         # The backoff counts from the failure: stopping the other hosts was part of it.
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
         if _pause(backoff - stopping, stop):
-            say(f"{signal.Signals(stop.signum or signal.SIGTERM).name} before the restart: not restarting")
-            return _finish(attempts, say)
+            signum = stop.signum or signal.SIGTERM
+            say(f"{signal.Signals(signum).name} before the restart: not restarting")
+            _finish(attempts, say)
+            return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
 
 
 def _failure(outcome: Outcome) -> str | None:
