@@ -11,7 +11,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.conftest import cli, start_cli, wait_for, write_job
+from clusterddp.launch import runlock
+from tests.conftest import BIN, cli, start_cli, wait_for, write_job
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:
@@ -91,3 +92,98 @@ def test_a_stale_error_file_on_a_read_only_disk_is_not_the_root_cause(
     last_lines = err.split("last lines:", 1)[1]
     assert "attempt 1 failed on its own" in last_lines
     assert "stale error" not in err
+
+
+# -- one launcher per rank log -------------------------------------------------------------------
+
+def _waiting_job(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+    """A launcher whose ranks print, say they are ready, and wait for ``tmp_path/finish``."""
+    ready = tmp_path / "ready"
+    ready.mkdir(exist_ok=True)
+    proc = start_cli("run", "--log-dir", str(tmp_path / "logs"), "--grace-period", "1", *flags, "--",
+                     str(BIN / "wait_for_file.py"), str(ready), str(tmp_path / "finish"))
+    return proc, ready
+
+
+def _finish(*procs: subprocess.Popen[str]) -> list[tuple[int, str, str]]:
+    """Let the waiting ranks end; every launcher's (exit code, stdout, stderr)."""
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        results.append((proc.returncode, out, err))
+    return results
+
+
+def test_a_second_job_with_the_same_run_id_is_refused(tmp_path: Path) -> None:
+    """A second launcher with a running job's run id: one line, exit 2, the first job's log untouched."""
+    first, ready = _waiting_job(tmp_path, "--nproc-per-node", "1", "--run-id", "same")
+    try:
+        assert wait_for(lambda: (ready / "rank0.ready").exists(), timeout=60)
+        second = cli("run", "--nproc-per-node", "1", "--run-id", "same", "--log-dir", str(tmp_path / "logs"),
+                     "--", str(BIN / "exit_with.py"), "0", timeout=60)
+    finally:
+        (tmp_path / "finish").touch()
+        [(code, _, err)] = _finish(first)
+    assert second.returncode == 2, second.stderr
+    assert len(second.stderr.splitlines()) == 1 and "rank 0's log is in use by another launcher" in second.stderr
+    assert f"pid {first.pid} on" in second.stderr
+    assert "Traceback" not in second.stderr and "exiting with 0" not in second.stderr
+    assert code == 0, err
+    assert (tmp_path / "logs" / "same" / "rank0.log").read_text() == "rank 0 started\nrank 0 done\n"
+
+
+def test_two_nodes_of_one_job_on_one_host_share_the_run_dir(tmp_path: Path) -> None:
+    """Node 0 and node 1 of one job on one machine, same run id and log dir: both run, each its own ranks."""
+    port = str(29700 + os.getpid() % 200)
+    node = ("--nproc-per-node", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port,
+            "--run-id", "shared")
+    nodes = [_waiting_job(tmp_path, *node, "--node-rank", str(rank))[0] for rank in (0, 1)]
+    try:
+        assert wait_for(lambda: len(list((tmp_path / "ready").glob("rank*.ready"))) == 4, timeout=60), \
+            [p.stderr.read() if p.poll() is not None and p.stderr else "" for p in nodes]
+    finally:
+        (tmp_path / "finish").touch()
+        results = _finish(*nodes)
+    assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
+    for rank in range(4):
+        assert (tmp_path / "logs" / "shared" / f"rank{rank}.log").read_text() == f"rank {rank} started\nrank {rank} done\n"
+
+
+def test_a_killed_launcher_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """kill -9 of a launcher frees its run id at once: the next launcher with it runs (exit 0)."""
+    first, ready = _waiting_job(tmp_path, "--nproc-per-node", "1", "--run-id", "again")
+    try:
+        assert wait_for(lambda: (ready / "rank0.ready").exists(), timeout=60)
+        first.kill()
+        first.communicate(timeout=60)
+        (tmp_path / "finish").touch()
+        second = cli("run", "--nproc-per-node", "1", "--run-id", "again", "--log-dir", str(tmp_path / "logs"),
+                     "--", str(BIN / "exit_with.py"), "0", timeout=60)
+    finally:
+        (tmp_path / "finish").touch()
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "logs" / "again" / "rank0.log").read_text() == "rank 0 exiting with 0\n"
+
+
+def test_a_restart_attempt_waits_for_the_previous_launcher(tmp_path: Path) -> None:
+    """--restart-count 1 meets its rank still locked (the previous attempt stopping): it waits, then runs."""
+    run_dir = tmp_path / "logs" / "restarted"
+    held = runlock.lock_ranks(str(run_dir), [0], "logs.dir", "restarted")
+    try:
+        proc = start_cli("run", "--nproc-per-node", "1", "--run-id", "restarted", "--restart-count", "1",
+                         "--log-dir", str(tmp_path / "logs"), "--", str(BIN / "exit_with.py"), "0")
+        assert proc.stderr is not None
+        note = proc.stderr.readline()
+        assert "rank 0's log of run 'restarted' is still held by pid" in note and "waiting up to" in note, note
+        assert proc.poll() is None  # still waiting, nothing started
+        assert not (run_dir / "rank0.log").exists()
+    finally:
+        held.release()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (run_dir / "rank0.log").read_text().endswith("---\nrank 0 exiting with 0\n")  # after the restart marker
