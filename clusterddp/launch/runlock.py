@@ -1,4 +1,5 @@
-"""One launcher per rank log: each rank's lock in the run directory, held for the launcher's life.
+"""One launcher per rank log: each rank's lock in the run directory, held for the launcher's life
+(and one SSH head per run id).
 
 Two launchers given the same run id and ``logs.dir`` would write the same ``rank<N>.log``: the
 second truncates the first's log while it is written, and both jobs "succeed". The run
@@ -6,6 +7,7 @@ directory itself is shared on purpose (the nodes of one job on one filesystem, s
 one host, the SSH head's ``ssh-<host>.log``, restart attempts that append), so the lock is per
 rank: ``<run-dir>/.rank<N>.lock``, one ``flock`` each. Two launchers of one job hold disjoint
 ranks and never meet; two jobs that would share a rank are refused before any log is touched.
+The SSH head locks ``.head.lock`` beside them, before it connects to any host.
 
 ``flock`` because the kernel releases it when the launcher ends, however it ends (``kill -9``
 too): no stale lock to clean up, and a later launcher with the same run id (a restart of the
@@ -60,12 +62,27 @@ def lock_ranks(run_dir: str, ranks: Sequence[int], where: str, run_id: str, wait
     may find a lock still held by the previous attempt's launcher on this host, which is still
     stopping (its SSH session was lost, its grace period runs): it waits that long for it.
     """
+    files = [(lock_path(run_dir, rank), f"rank {rank}'s log") for rank in ranks]
+    return _lock_all(run_dir, files, where, run_id, wait, say)
+
+
+def lock_head(run_dir: str, where: str, run_id: str) -> RankLocks:
+    """The SSH head's own files (``ssh-<host>.log``, ``launcher.json``): one head per run id."""
+    return _lock_all(run_dir, [(os.path.join(run_dir, HEAD_LOCK), "the SSH head's files")], where, run_id, 0.0, None)
+
+
+#: The SSH head's lock in the run directory (its remote launchers lock their ranks beside it).
+HEAD_LOCK = ".head.lock"
+
+
+def _lock_all(run_dir: str, files: Sequence[tuple[str, str]], where: str, run_id: str, wait: float,
+              say: Callable[[str], None] | None) -> RankLocks:
     locks = RankLocks()
     try:
         os.makedirs(run_dir, exist_ok=True)
         deadline = time.monotonic() + wait
-        for rank in ranks:
-            locks.fds.append(_lock_one(lock_path(run_dir, rank), rank, where, run_id, deadline, say))
+        for path, what in files:
+            locks.fds.append(_lock_one(path, what, where, run_id, deadline, say))
     except OSError as exc:
         locks.release()
         raise LaunchError(f"{where}: cannot lock the logs of run {shown(run_id)} in {shown(run_dir, 200)}: "
@@ -76,7 +93,7 @@ def lock_ranks(run_dir: str, ranks: Sequence[int], where: str, run_id: str, wait
     return locks
 
 
-def _lock_one(path: str, rank: int, where: str, run_id: str, deadline: float,
+def _lock_one(path: str, what: str, where: str, run_id: str, deadline: float,
               say: Callable[[str], None] | None) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     told = False
@@ -89,12 +106,12 @@ def _lock_one(path: str, rank: int, where: str, run_id: str, deadline: float,
                 holder = _holder(fd)
                 if time.monotonic() >= deadline:
                     raise LaunchError(
-                        f"{where}: run {shown(run_id)}: rank {rank}'s log is in use by another launcher "
-                        f"({holder}); two jobs must not share a run id",
+                        f"{where}: run {shown(run_id)}: another launcher ({holder}) holds {what}; "
+                        "two jobs must not share a run id",
                         "give this job another --run-id, or wait until that launcher ends") from None
                 if say is not None and not told:
                     told = True
-                    say(f"clusterddp: note: rank {rank}'s log of run {shown(run_id)} is still held by {holder} "
+                    say(f"clusterddp: note: another launcher ({holder}) still holds {what} of run {shown(run_id)} "
                         f"(the previous attempt stopping?); waiting up to {deadline - time.monotonic():.0f}s")
                 time.sleep(_POLL)
         _mark_holder(fd)

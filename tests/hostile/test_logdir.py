@@ -13,6 +13,9 @@ import pytest
 
 from clusterddp.launch import runlock
 from tests.conftest import BIN, cli, start_cli, wait_for, write_job
+from tests.ssh.conftest import Head
+from tests.ssh.conftest import write_job as ssh_job
+from tests.testbed import lab_unavailable_reason, ssh_lab
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:
@@ -130,7 +133,7 @@ def test_a_second_job_with_the_same_run_id_is_refused(tmp_path: Path) -> None:
         (tmp_path / "finish").touch()
         [(code, _, err)] = _finish(first)
     assert second.returncode == 2, second.stderr
-    assert len(second.stderr.splitlines()) == 1 and "rank 0's log is in use by another launcher" in second.stderr
+    assert len(second.stderr.splitlines()) == 1 and "holds rank 0's log; two jobs must not share a run id" in second.stderr
     assert f"pid {first.pid} on" in second.stderr
     assert "Traceback" not in second.stderr and "exiting with 0" not in second.stderr
     assert code == 0, err
@@ -179,7 +182,7 @@ def test_a_restart_attempt_waits_for_the_previous_launcher(tmp_path: Path) -> No
                          "--log-dir", str(tmp_path / "logs"), "--", str(BIN / "exit_with.py"), "0")
         assert proc.stderr is not None
         note = proc.stderr.readline()
-        assert "rank 0's log of run 'restarted' is still held by pid" in note and "waiting up to" in note, note
+        assert "(pid " in note and "still holds rank 0's log of run 'restarted'" in note and "waiting up to" in note, note
         assert proc.poll() is None  # still waiting, nothing started
         assert not (run_dir / "rank0.log").exists()
     finally:
@@ -187,3 +190,39 @@ def test_a_restart_attempt_waits_for_the_previous_launcher(tmp_path: Path) -> No
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert (run_dir / "rank0.log").read_text().endswith("---\nrank 0 exiting with 0\n")  # after the restart marker
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_a_second_ssh_head_with_the_same_run_id_is_refused(tmp_path: Path) -> None:
+    """Two SSH heads, one run id: the second ends with one error line, exit 2, before any host starts."""
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    ready, finish = tmp_path / "ready", tmp_path / "finish"
+    ready.mkdir()
+    with ssh_lab(2) as lab:
+        job = ssh_job(lab, str(BIN / "wait_for_file.py"), nproc=1, args=[str(ready), str(finish)])
+        argv = [str(job), "--hostfile", str(lab.hostfile), "--run-id", "twice"]
+        first = Head(argv, cwd=tmp_path)
+        try:
+            assert wait_for(lambda: len(list(ready.glob("rank*.ready"))) == 2, timeout=90), first.output()
+            second = Head(argv, cwd=tmp_path)
+            try:
+                code = second.finish(timeout=60)
+            finally:
+                second.kill()
+        finally:
+            finish.touch()
+            try:
+                first_code = first.finish(timeout=60)
+            finally:
+                first.kill()
+    assert code == 2, second.output()
+    assert "holds the SSH head's files; two jobs must not share a run id" in second.stderr[-1], second.output()
+    assert not any("rank" in line for line in second.stdout + second.stderr[:-1]), second.output()
+    assert "Traceback" not in second.output()
+    assert first_code == 0, first.output()
+    for rank in (0, 1):
+        assert (tmp_path / "logs" / "twice" / f"rank{rank}.log").read_text() == \
+            f"rank {rank} started\nrank {rank} done\n"
