@@ -10,6 +10,7 @@ from typing import Mapping
 from clusterddp.envs import Overrides, detect
 from clusterddp.launch.run import RunOptions
 from clusterddp.launch import plan as planning
+from clusterddp.launch import runlock
 from clusterddp.launch.logs import say
 from clusterddp.launch.rendezvous import master_wait, wait_for_master
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
@@ -79,9 +80,31 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     wait_for_master(topology.master_addr, topology.master_port, patience, say)
     if topology.node_rank == 0 and (overrides.master_port or job.master.port) and _is_local(topology.master_addr):
         check_port_free("", topology.master_port)
-    planning.prepare_logs(plans, keep=bool(topology.restart_count))
-    supervision = supervisor_options(job, topology, options, planning.run_dir(job, topology, cwd))
-    return LocalSupervisor(topology, plans, supervision).run()
+    run_dir = planning.run_dir(job, topology, cwd)
+    locks = lock_logs(job, topology, options, run_dir, [plan.rank for plan in plans])
+    try:
+        planning.prepare_logs(plans, keep=bool(topology.restart_count))
+        supervision = supervisor_options(job, topology, options, run_dir)
+        return LocalSupervisor(topology, plans, supervision).run()
+    finally:
+        locks.release()
+
+
+#: Seconds a restart attempt waits, beyond the heartbeat timeout and the grace period, for the
+#: previous attempt's launcher on this host to let go of its ranks' logs.
+LOCK_WAIT_SLACK = 5.0
+
+
+def lock_logs(job: JobSpec, topology: Topology, options: RunOptions, run_dir: str,
+              ranks: list[int]) -> runlock.RankLocks:
+    """This node's ranks' logs, locked for the launcher's life: a second job with the same run
+    id is refused (one line, exit 2) before it truncates a log another launcher writes.
+
+    A restart attempt from outside (``--restart-count`` > 0) may meet the previous attempt's
+    launcher still stopping on this host (its SSH session lost: it stops within the heartbeat
+    timeout and the grace period): it waits for it that long, then is refused too."""
+    wait = options.heartbeat_timeout + job.grace_period + LOCK_WAIT_SLACK if topology.restart_count else 0.0
+    return runlock.lock_ranks(run_dir, ranks, job.where("logs.dir"), topology.run_id, wait, say)
 
 
 def _is_local(addr: str) -> bool:

@@ -68,6 +68,9 @@ class Worker:
     output: WorkerOutput
     pgid: int
     exit: WorkerExit | None = None
+    #: The error file of an earlier attempt could not be removed (a read-only or failing log
+    #: disk): it is not this attempt's cause, so the report reads the stderr tail instead.
+    stale_error_file: bool = False
 
 
 class _Orphans:
@@ -139,17 +142,14 @@ class WorkerGroup:
         env = dict(plan.env)
         env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
         env[SUPERVISOR_ID_ENV] = self.marker
-        try:
-            os.unlink(plan.error_file)
-        except FileNotFoundError:
-            pass
+        stale = not _remove_error_file(plan.error_file)
         if attempt > 0:
             _mark_attempt(plan.log, attempt)
         output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
         proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
         self._reaper.watch(proc.pid)
         output.pump(proc.stdout, proc.stderr)
-        self.workers.append(Worker(plan=plan, proc=proc, output=output, pgid=proc.pid))
+        self.workers.append(Worker(plan=plan, proc=proc, output=output, pgid=proc.pid, stale_error_file=stale))
 
     def poll(self) -> list[WorkerExit]:
         """Record the exits that happened since the last poll; return the failures among them."""
@@ -297,7 +297,20 @@ class WorkerGroup:
         worker.output.close(deadline)
         worker.exit.log_error = worker.output.log_error
         if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
-            worker.exit.tail = read_error_file(worker.plan.error_file) or list(worker.output.stderr_tail)
+            recorded = [] if worker.stale_error_file else read_error_file(worker.plan.error_file)
+            worker.exit.tail = recorded or list(worker.output.stderr_tail)
+
+
+def _remove_error_file(path: str) -> bool:
+    """Remove an earlier attempt's error file; False when one may remain (the log disk went
+    read-only or fails: the attempt still starts, its output goes to the console only)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return not os.path.lexists(path)
+    return True
 
 
 def _mark_attempt(log: str, attempt: int) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
+from clusterddp.launch import runlock
 from clusterddp.launch.run import RunOptions
 from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, refuse_loopback
 from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
@@ -87,10 +88,12 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     say(f"{len(hosts)} hosts{nodes}, run id {run_id}; host keys: {settings.policy_name}")
     stop = _Stop()
     _install(stop)
+    head_lock = runlock.RankLocks()
     try:
-        return _attempts(launch, stop, say)
+        return _attempts(launch, stop, say, head_lock)
     finally:
         _restore(stop)
+        head_lock.release()
 
 
 def _node_bounds(job: JobSpec, hosts: Sequence[Host]) -> tuple[int, int]:
@@ -104,8 +107,12 @@ def _node_bounds(job: JobSpec, hosts: Sequence[Host]) -> tuple[int, int]:
     return low, high
 
 
-def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None]) -> int:
-    """Start the job, and start it again after a failure while restarts are left."""
+def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None], head_lock: runlock.RankLocks) -> int:
+    """Start the job, and start it again after a failure while restarts are left.
+
+    ``head_lock`` takes the run's head lock once the first preflight passed, before any host
+    starts: a second job with this run id would overwrite launcher.json and append to the
+    first's ssh-<host>.log (its hosts would refuse it too, later and once per host)."""
     attempts: list[Attempt] = []
     dead: dict[str, str] = {}  # hosts whose connection was lost in the last attempt
     while True:
@@ -128,6 +135,9 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None]) -> int:
             if stop.signum is not None:
                 say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
                 return 128 + stop.signum if not attempts else _finish(attempts, say)
+            if not head_lock.fds:
+                head_lock.fds = runlock.lock_head(str(Path(launch.job.logs.dir) / launch.run_id),
+                                                  launch.job.where("logs.dir"), launch.run_id).fds
             began = time.monotonic()
             outcome = _run(launch, start, number, stop)
         finally:
