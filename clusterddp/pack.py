@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +24,8 @@ from pathlib import Path
 import yaml
 
 import clusterddp
+import clusterddp.templates
+from clusterddp.atomicfile import write_atomically
 
 #: The pyz's first argument that makes it a worker's bootstrap instead of the CLI.
 BOOTSTRAP_ARG = "--clusterddp-bootstrap"  # clusterddp.launch.bootstrap.ZIPAPP_ARG
@@ -55,8 +56,14 @@ else:
 def package_files() -> list[tuple[str, Path]]:
     """(name in the archive, file here) for clusterddp and PyYAML's pure-Python part."""
     entries: list[tuple[str, Path]] = []
-    for name, root in (("clusterddp", Path(clusterddp.__file__).parent), ("yaml", Path(yaml.__file__).parent)):
-        suffixes = PACKAGE_SUFFIXES if name == "clusterddp" else (".py",)
+    # The templates are a package of their own in a checkout (templates/, mapped by setup.cfg's
+    # package_dir) and inside clusterddp/ once installed: take them from wherever they import.
+    templates = Path(clusterddp.templates.__file__).parent
+    sources = [("clusterddp", Path(clusterddp.__file__).parent), ("yaml", Path(yaml.__file__).parent)]
+    if templates.parent != sources[0][1]:
+        sources.insert(1, ("clusterddp/templates", templates))
+    for name, root in sources:
+        suffixes = PACKAGE_SUFFIXES if name.startswith("clusterddp") else (".py",)
         for directory, dirs, files in os.walk(root, followlinks=True):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for file in sorted(files):
@@ -95,12 +102,8 @@ def build(output: str) -> int:
         if license_text is not None:
             add("licenses/PyYAML.txt", license_text)
     data = buffer.getvalue()
-    target = Path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    partial.write_bytes(data)
-    partial.chmod(partial.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
-    os.replace(partial, target)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(output, data, mode=0o755)
     return len(data)
 
 
