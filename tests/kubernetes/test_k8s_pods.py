@@ -98,3 +98,26 @@ def test_a_crash_on_node_1_stops_node_0_and_names_the_rank(tmp_path: Path) -> No
     assert "exit:       exit code 3" in node1, text
     assert "job 'crash' stopped: the launcher received SIGTERM" in running[0].output(), text
     assert "Traceback" not in text
+
+
+def test_a_jobset_restart_resumes_cifar10_from_its_checkpoint(tmp_path: Path) -> None:
+    """restarts: 1 (maxRestarts 1): node 1's pod dies after the first checkpoint, the JobSet recreates
+    every pod with restart-attempt 1, and jobs/cifar10.py resumes from its checkpoint and completes."""
+    out = tmp_path / "run"
+    args = ["--epochs", "2", "--width", "8", "--batch-size", "8", "--synthetic-train", "256",
+            "--synthetic-test", "32", "--workers", "0", "--out-dir", str(out)]
+    manifest = render(job_file(tmp_path, "resume", CIFAR10, args, restarts=1), "jobset")
+    assert manifest["spec"]["failurePolicy"]["maxRestarts"] == 1
+    checkpoint = out / "checkpoints" / "last.pt"
+    with pod_network(2, tmp_path) as network:
+        first = [network.start(pod, pod.index) for pod in pods_of(manifest, attempt=0)]
+        assert wait_for(checkpoint.exists, timeout=TIMEOUT), outputs(first)
+        network.kill(first[1])  # node 1's pod fails: its Job fails (backoffLimit 0), not a 65/75 exit
+        network.delete(first[0], grace=10)  # the JobSet restarts: every Job deleted, then recreated
+        second = [network.start(pod, pod.index) for pod in pods_of(manifest, attempt=1)]
+        assert all(pod.pod.env["CLUSTERDDP_RESTART_COUNT"] == "1" for pod in second)
+        codes = wait_all(second, TIMEOUT)
+    text = outputs(second)
+    assert codes == [0, 0], text
+    assert re.search(rf"resumed from {re.escape(str(checkpoint))} at epoch \d+ step \d+", text), text
+    print(text[-1500:])
