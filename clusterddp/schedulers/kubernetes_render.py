@@ -12,7 +12,7 @@ TrainJob pod by the torch plugin's ``PET_*`` (the renderer sets none: the webhoo
 them); a JobSet pod by the ``CLUSTERDDP_JOBSET_*`` contract of clusterddp.envs.jobset, written
 here, plus the Job controller's ``JOB_COMPLETION_INDEX``; a PyTorchJob pod by the operator's
 ``MASTER_ADDR``/``RANK``. Rank 0 is ``<name>-node-0-0.<name>`` (TrainJob, JobSet) or
-``<name>-master-0`` (PyTorchJob). docs/kubernetes.md, "What the pod gets".
+``<name>-master-0`` (PyTorchJob). docs/kubernetes.md, "Inside the pod".
 """
 
 from __future__ import annotations
