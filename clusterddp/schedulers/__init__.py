@@ -24,6 +24,7 @@ ACTIONS = ("render", "submit", "status", "stop", "logs")
 SCHEDULERS: dict[str, str | type[Scheduler[Any]]] = {
     "slurm": "clusterddp.schedulers.slurm:SlurmScheduler",
     "openpai": "clusterddp.schedulers.openpai:OpenPAIScheduler",
+    "k8s": "clusterddp.schedulers.kubernetes:KubernetesScheduler",
 }
 
 

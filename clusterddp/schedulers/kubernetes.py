@@ -1,4 +1,7 @@
-"""``clusterddp render|submit|status|stop|logs k8s JOB``: the thin kubectl boundary.
+"""``clusterddp render|submit k8s JOB``, ``clusterddp status|stop|logs k8s [KIND/]NAME``.
+
+``KubernetesScheduler`` (clusterddp.schedulers.api) renders the job file with
+clusterddp.schedulers.kubernetes_render and hands the object to the thin kubectl boundary below.
 
 Everything talks to the cluster through ``kubectl`` with the user's own kubeconfig, context
 and namespace (``--context``, ``--namespace``, ``KUBECONFIG``), as ``submit slurm`` goes
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -18,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
-from clusterddp.schedulers import write_output
-from clusterddp.schedulers.kubernetes_render import object_name, render_kubernetes
-from clusterddp.schedulers import quoting as q
-from clusterddp.spec import JobSpec, load_job
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.kubernetes_render import render_kubernetes
+from clusterddp.sections import k8s_names
+from clusterddp.spec import JobSpec
 from clusterddp.validate import escape_controls, shown
 
 #: Resource (plural.group) of each flavor's kind, as kubectl get/delete name it.
@@ -51,17 +55,95 @@ class KubectlError(ClusterDDPError):
     """kubectl is missing, or the server refused: one line, exit 2."""
 
 
+def flavor(text: str) -> str:
+    """``--flavor``: one of FLAVORS (a ValueError is argparse's one usage line naming the flag)."""
+    if text not in RESOURCES:
+        raise ValueError(text)
+    return text
+
+
 @dataclass(frozen=True)
 class KubernetesOptions:
-    """The scheduler's own flags; the job file gives the rest."""
+    """``clusterddp ACTION k8s ...`` as the CLI parsed it; the job file gives the rest."""
 
-    job: str
+    action: str = "render"
+    #: ``render``/``submit``: the job file; the pod runs ``clusterddp run`` on this path.
+    job: str | None = None
+    #: ``status``/``stop``/``logs``: the object, as ``submit`` printed it (``KIND/NAME``) or its name.
+    name: str | None = None
+    #: trainjob, jobset or pytorchjob; None: the job's ``kubernetes.flavor`` (trainjob).
     flavor: str | None = None
     context: str | None = None
+    #: Wins over ``kubernetes.namespace``; None: that, else the kubeconfig context's namespace.
     namespace: str | None = None
     #: ``render``: write the manifest here instead of stdout.
     output: str | None = None
+    #: ``submit``: print the manifest and the kubectl command, create nothing.
+    dry_run: bool = False
     kubectl: str = "kubectl"
+
+
+_REMOTE = ("submit", "status", "stop", "logs")
+
+
+class KubernetesScheduler(Scheduler[KubernetesOptions]):
+    """A TrainJob, JobSet or PyTorchJob rendered from the job file, handled through kubectl."""
+
+    name = "k8s"
+    actions = ("render", "submit", "status", "stop", "logs")
+    options_type = KubernetesOptions
+    descriptions = {
+        "render": "Render the job file as a Kubernetes TrainJob, JobSet or PyTorchJob.",
+        "submit": "Render the job file and create the object with 'kubectl create'.",
+        "status": "Show the object's phase and each pod's state.",
+        "stop": "Delete the object (its controller deletes its Jobs and pods).",
+        "logs": "Follow every pod's log, each line prefixed with its node rank.",
+    }
+    flags = (
+        Flag("job", help="job file (jobs/*.yaml), at the same path inside the image", actions=("render", "submit")),
+        Flag("name", metavar="[KIND/]NAME", help="the object 'submit' printed, or its name (with --flavor)",
+             actions=("status", "stop", "logs")),
+        Flag("flavor", ("--flavor",), convert=flavor, metavar="trainjob|jobset|pytorchjob",
+             help="the kind of object (default: the job's kubernetes.flavor, else trainjob)"),
+        Flag("output", ("-o", "--output"), help="write the manifest here instead of printing it", actions=("render",)),
+        Flag("context", ("--context",), help="kubeconfig context (default: its current one)", actions=_REMOTE),
+        Flag("namespace", ("--namespace",), actions=_REMOTE,
+             help="namespace (default: kubernetes.namespace, else the context's namespace)"),
+        Flag("dry_run", ("--dry-run",), switch=True, actions=("submit",),
+             help="print the manifest and the kubectl command, create nothing"),
+    )
+
+    def render(self, job: JobSpec, options: KubernetesOptions) -> RenderedRequest:
+        """The manifest, with the job path as given: the pod runs it in the image's working directory."""
+        manifest = render_kubernetes(job, str(options.job), options.flavor)
+        command = shlex.join([*base_argv(options, job), "create", "-f", "-", "-o", "name"])
+        return RenderedRequest(manifest, command + " < MANIFEST", job)
+
+    def wrote(self, request: RenderedRequest, path: str) -> None:
+        print(f"wrote {path}; create it with: kubectl create -f {shlex.quote(path)}", file=sys.stderr)
+
+    def submit(self, request: RenderedRequest, options: KubernetesOptions, env: Mapping[str, str]) -> int:
+        """``kubectl create``: prints the object as kubectl names it (what status/stop/logs take)."""
+        if options.dry_run:
+            sys.stdout.write(request.text)
+            print(f"# dry run: would run: {request.submit_command}")
+            return 0
+        created = create(request, options, env)
+        print(created)
+        print(f"clusterddp: created; follow it with: clusterddp logs k8s {created}", file=sys.stderr)
+        return 0
+
+    def status(self, options: KubernetesOptions, env: Mapping[str, str]) -> int:
+        for line in status(options, env).lines():
+            print(line)
+        return 0
+
+    def stop(self, options: KubernetesOptions, env: Mapping[str, str]) -> int:
+        print(stop(options, env))
+        return 0
+
+    def logs(self, options: KubernetesOptions, env: Mapping[str, str]) -> int:
+        return logs(options, env)
 
 
 @dataclass(frozen=True)
@@ -99,10 +181,6 @@ def base_argv(options: KubernetesOptions, job: JobSpec | None = None) -> list[st
     return argv
 
 
-def flavor_of(job: JobSpec, options: KubernetesOptions) -> str:
-    return options.flavor or job.kubernetes.flavor
-
-
 def kubectl_error(stderr: str, returncode: int) -> KubectlError:
     """kubectl's stderr as one line: a known shape reworded, else its first line."""
     for pattern, message in ERRORS:
@@ -114,10 +192,11 @@ def kubectl_error(stderr: str, returncode: int) -> KubectlError:
     return KubectlError(f"kubectl failed: {escape_controls(first)[:300]}")
 
 
-def run_kubectl(argv: Sequence[str], stdin: str | None = None) -> str:
-    """Run kubectl, return stdout; missing kubectl or a failure is one KubectlError line."""
+def run_kubectl(argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None) -> str:
+    """Run kubectl (``env`` carries KUBECONFIG), return stdout; a missing kubectl or a failure
+    is one KubectlError line."""
     try:
-        done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=TIMEOUT)
+        done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=TIMEOUT, env=dict(env))
     except FileNotFoundError:
         raise KubectlError(f"{shown(argv[0])} not found on PATH", "install kubectl and point KUBECONFIG at "
                            "your cluster") from None
@@ -128,39 +207,49 @@ def run_kubectl(argv: Sequence[str], stdin: str | None = None) -> str:
     return done.stdout
 
 
-def render(job: JobSpec, options: KubernetesOptions) -> str:
-    """The manifest; ``options.job`` is how the pod finds the job file (docs/kubernetes.md)."""
-    return render_kubernetes(job, options.job, options.flavor)
+def create(request: RenderedRequest, options: KubernetesOptions, env: Mapping[str, str]) -> str:
+    """``kubectl create -f -`` of the one rendered object: a refusal creates nothing. Returns
+    the object as kubectl names it (``trainjob.trainer.kubeflow.org/cifar10``)."""
+    argv = [*base_argv(options, request.job), "create", "-f", "-", "-o", "name"]
+    return run_kubectl(argv, env, stdin=request.text).strip()
 
 
-def submit(options: KubernetesOptions) -> str:
-    """Create the object; returns its name as kubectl prints it (``trainjob.../cifar10``)."""
-    job = load_job(options.job)
-    manifest = render(job, options)
-    out = run_kubectl([*base_argv(options, job), "create", "-f", "-", "-o", "name"], stdin=manifest)
-    return out.strip()
+def target(options: KubernetesOptions) -> tuple[str, str]:
+    """(flavor, name) of the object ``status``/``stop``/``logs`` name: ``KIND/NAME`` as submit
+    printed it (``jobset.jobset.x-k8s.io/cifar10``), or NAME with ``--flavor`` (trainjob)."""
+    given = str(options.name or "")
+    kind, _, name = given.rpartition("/")
+    flavor = options.flavor or "trainjob"
+    if kind:
+        named = kind.split(".", 1)[0].lower().removesuffix("s")
+        if named not in RESOURCES:
+            raise KubectlError(f"{shown(given)}: unknown kind {shown(kind)}; known: {', '.join(RESOURCES)}")
+        if options.flavor and options.flavor != named:
+            raise KubectlError(f"{shown(given)} is a {named}, but --flavor says {options.flavor}")
+        flavor = named
+    problem = k8s_names.dns1123_label_problem(name)
+    if problem:
+        raise KubectlError(f"object name {problem}", "give the name 'submit k8s' printed")
+    return flavor, name
 
 
-def _target(options: KubernetesOptions) -> tuple[JobSpec, str, str]:
-    job = load_job(options.job)
-    flavor = flavor_of(job, options)
-    if flavor not in RESOURCES:
-        raise KubectlError(f"unknown flavor {shown(flavor)}; known: {', '.join(RESOURCES)}")
-    return job, flavor, object_name(job, q.place(job.source, options.job), flavor)
+def status(options: KubernetesOptions, env: Mapping[str, str]) -> Status:
+    flavor, name = target(options)
+    base = base_argv(options)
+    obj = parse_json(run_kubectl([*base, "get", RESOURCES[flavor], name, "-o", "json"], env))
+    return Status(str(obj.get("kind", flavor)), name, object_phase(obj), tuple(pods_of(base, flavor, name, env)))
 
 
-def status(options: KubernetesOptions) -> Status:
-    job, flavor, name = _target(options)
-    base = base_argv(options, job)
-    obj = parse_json(run_kubectl([*base, "get", RESOURCES[flavor], name, "-o", "json"]))
-    pods = parse_json(run_kubectl([*base, "get", "pods", "-l", f"{POD_SELECTORS[flavor]}={name}", "-o", "json"]))
-    return Status(str(obj.get("kind", flavor)), name, object_phase(obj), tuple(pod_states(pods)))
+def pods_of(base: Sequence[str], flavor: str, name: str, env: Mapping[str, str]) -> list[PodState]:
+    """The object's pods, by the label its controller sets (a TrainJob's JobSet has its name)."""
+    selector = f"{POD_SELECTORS[flavor]}={name}"
+    return pod_states(parse_json(run_kubectl([*base, "get", "pods", "-l", selector, "-o", "json"], env)))
 
 
-def stop(options: KubernetesOptions) -> str:
+def stop(options: KubernetesOptions, env: Mapping[str, str]) -> str:
     """Delete the object (its controller deletes the Jobs and pods it owns)."""
-    job, flavor, name = _target(options)
-    return run_kubectl([*base_argv(options, job), "delete", RESOURCES[flavor], name, "--wait=false"]).strip()
+    flavor, name = target(options)
+    return run_kubectl([*base_argv(options), "delete", RESOURCES[flavor], name, "--wait=false"], env).strip()
 
 
 def parse_json(text: str) -> dict[str, Any]:
@@ -226,16 +315,16 @@ def pod_states(pods: Mapping[str, Any]) -> list[PodState]:
     return out
 
 
-def logs(options: KubernetesOptions, out: IO[str] = sys.stdout) -> int:
+def logs(options: KubernetesOptions, env: Mapping[str, str], out: IO[str] = sys.stdout) -> int:
     """Follow every pod's log, each line prefixed ``[node R]``; returns when all streams end."""
-    job, flavor, name = _target(options)
-    base = base_argv(options, job)
-    pods = parse_json(run_kubectl([*base, "get", "pods", "-l", f"{POD_SELECTORS[flavor]}={name}", "-o", "json"]))
-    states = pod_states(pods)
+    flavor, name = target(options)
+    base = base_argv(options)
+    states = pods_of(base, flavor, name, env)
     if not states:
         raise KubectlError(f"no pods of {flavor} {name} yet (kubectl get pods -l {POD_SELECTORS[flavor]}={name})")
     lock = threading.Lock()
-    procs = [(s, subprocess.Popen([*base, "logs", "-f", s.name], stdout=subprocess.PIPE, text=True)) for s in states]
+    procs = [(s, subprocess.Popen([*base, "logs", "-f", s.name], stdout=subprocess.PIPE, text=True, env=dict(env)))
+             for s in states]
 
     def pump(state: PodState, stream: IO[str]) -> None:
         prefix = f"[node {'?' if state.rank is None else state.rank}] "
@@ -251,12 +340,3 @@ def logs(options: KubernetesOptions, out: IO[str] = sys.stdout) -> int:
     for thread in threads:
         thread.join()
     return max(codes, default=0)
-
-
-def main_render(options: KubernetesOptions) -> int:
-    text = render(load_job(options.job), options)
-    if options.output:
-        write_output(options.output, text)
-    else:
-        sys.stdout.write(text)
-    return 0

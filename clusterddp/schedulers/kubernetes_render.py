@@ -7,9 +7,12 @@ need the whole job (the flavor, ``nodes``, ``restarts``, GPUs) are checked here,
 
 What the pod runs: ``clusterddp run JOB_PATH`` in the image's working directory, so the image
 holds the job file and what it runs at the same relative path as this checkout (as on
-OpenPAI); no ConfigMap is rendered. Rank 0 is ``<name>-node-0-0.<name>`` for TrainJob (the
-torch plugin injects ``PET_*``) and JobSet (the renderer writes the same ``PET_*`` itself);
-``<name>-master-0`` for PyTorchJob (the operator injects ``MASTER_ADDR``). docs/kubernetes.md.
+OpenPAI); no ConfigMap is rendered. Each pod is placed by what its controller gives it: a
+TrainJob pod by the torch plugin's ``PET_*`` (the renderer sets none: the webhook refuses
+them); a JobSet pod by the ``CLUSTERDDP_JOBSET_*`` contract of clusterddp.envs.jobset, written
+here, plus the Job controller's ``JOB_COMPLETION_INDEX``; a PyTorchJob pod by the operator's
+``MASTER_ADDR``/``RANK``. Rank 0 is ``<name>-node-0-0.<name>`` (TrainJob, JobSet) or
+``<name>-master-0`` (PyTorchJob). docs/kubernetes.md, "Inside the pod".
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import yaml
 
 from clusterddp import __version__
+from clusterddp.envs import jobset as contract
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NOT_RESTARTED
 from clusterddp.schedulers import quoting as q
@@ -34,15 +38,16 @@ PYTORCHJOB_API = "kubeflow.org/v1"
 NODE = "node"
 #: torchrun's port on rank 0: the torch plugin's ContainerTrainerPort, used for JobSet too.
 MASTER_PORT = 29500
-#: The pod annotation the Job controller writes its completion index into (the node rank).
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-#: The pod label JobSet writes its restart count into (0 on the first attempt).
-RESTART_ATTEMPT = "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
-#: Names the controllers set in the pod (the TrainJob webhook refuses the PET_* ones).
+#: The pod label (and annotation) JobSet writes its restart count into, 0 on the first attempt
+#: (kubernetes-sigs/jobset pkg/constants RestartsKey); a downward-API fieldRef reads it.
+RESTART_ATTEMPT = f"metadata.labels['{contract.RESTART_ATTEMPT_LABEL}']"
+#: The launcher's ``--restart-count`` variable: the workers' TORCHELASTIC_RESTART_COUNT.
+RESTART_COUNT = "CLUSTERDDP_RESTART_COUNT"
+#: Names the controllers or this renderer set in the pod (the TrainJob webhook refuses PET_*).
 RESERVED_ENV = frozenset({"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
                           "PET_MASTER_PORT", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                          "JOB_COMPLETION_INDEX", "PYTHONUNBUFFERED", "CLUSTERDDP_K8S_FLAVOR",
-                          "JOBSET_RESTART_ATTEMPT"})
+                          contract.COMPLETION_INDEX, "PYTHONUNBUFFERED", contract.MASTER_ADDR, contract.NNODES,
+                          contract.MASTER_PORT, RESTART_COUNT})
 #: The Job failure reason a podFailurePolicy FailJob action gives (batch/v1 JobReasonPodFailurePolicy).
 POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 #: ``runtimePatches[].manager`` of the patch this renderer writes.
@@ -226,10 +231,6 @@ def _no_restarts(job: JobSpec, where: str, flavor: str, why: str, hint: str) -> 
                            f"{job.restarts} on a {flavor}: {why}", hint)
 
 
-def flavor_env(flavor: str) -> dict[str, Any]:
-    return {"name": "CLUSTERDDP_K8S_FLAVOR", "value": flavor}
-
-
 def _trainjob(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str, Any]:
     spec = job.kubernetes
     nodes = fixed_nodes(job, where, "TrainJob", "kubeflow/trainer#2903")
@@ -244,7 +245,8 @@ def _trainjob(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str, A
         trainer["numProcPerNode"] = job.nproc_per_node
     if pod.resources:
         trainer["resourcesPerNode"] = pod.resources
-    trainer["env"] = [flavor_env("trainjob"), *pod.env]
+    if pod.env:
+        trainer["env"] = pod.env  # secrets by name only: the torch plugin sets PET_*
     body: dict[str, Any] = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                            "name": spec.runtime}, "trainer": trainer}
     patch = pod.pod_settings(job, priority=False)
@@ -260,22 +262,21 @@ def _field_ref(path: str) -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": path}}
 
 
-def jobset_env(job: JobSpec, name: str, nodes: int) -> list[dict[str, Any]]:
-    """What the torch plugin gives a TrainJob pod, written by the renderer for a JobSet pod,
-    plus JobSet's restart count: both flavors are placed by the same code in the pod."""
-    return [flavor_env("jobset"),
-            {"name": "PET_NNODES", "value": str(nodes)},
-            {"name": "PET_NPROC_PER_NODE", "value": str(job.nproc_per_node)},
-            {"name": "PET_NODE_RANK", "valueFrom": _field_ref(COMPLETION_INDEX)},
-            {"name": "PET_MASTER_ADDR", "value": f"{name}-{NODE}-0-0.{name}"},
-            {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
-            {"name": "JOBSET_RESTART_ATTEMPT", "valueFrom": _field_ref(RESTART_ATTEMPT)}]
+def jobset_env(name: str, nodes: int) -> list[dict[str, Any]]:
+    """The contract of clusterddp.envs.jobset: where node 0 is (its stable name through the
+    JobSet's headless service ``<jobset>-node-0-0.<subdomain>``), how many nodes, the port, and
+    the restart attempt from the pod's label; the node rank is the Job controller's
+    ``JOB_COMPLETION_INDEX``. No ``PET_*``: ``clusterddp env`` in the pod says ``jobset``."""
+    return [{"name": contract.MASTER_ADDR, "value": f"{name}-{NODE}-0-0.{name}"},
+            {"name": contract.NNODES, "value": str(nodes)},
+            {"name": contract.MASTER_PORT, "value": str(MASTER_PORT)},
+            {"name": RESTART_COUNT, "valueFrom": _field_ref(RESTART_ATTEMPT)}]
 
 
 def _jobset(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str, Any]:
     nodes = fixed_nodes(job, where, "JobSet", "its Indexed Job runs exactly completions pods")
     restarts = q.integer(job.restarts, where, "restarts", maximum=(1 << 31) - 1)
-    container = pod.container(NODE, jobset_env(job, name, nodes))
+    container = pod.container(NODE, jobset_env(name, nodes))
     container["ports"] = [{"containerPort": MASTER_PORT}]
     never = sorted(NOT_RESTARTED)
     job_spec = {
@@ -298,7 +299,7 @@ def _pytorchjob(job: JobSpec, pod: PodParts, name: str, where: str) -> dict[str,
     nodes = fixed_nodes(job, where, "PyTorchJob", "clusterddp places PyTorchJob pods without an elasticPolicy")
     _no_restarts(job, where, "PyTorchJob", "its operator restarts pods one by one, and a pod restarted "
                  "alone cannot rejoin the others (kubeflow/trainer#2000)", "use --flavor jobset for whole-job restarts")
-    template = {"spec": {"containers": [pod.container("pytorch", [flavor_env("pytorchjob")])],
+    template = {"spec": {"containers": [pod.container("pytorch", [])],
                          **pod.pod_settings(job)}}
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if nodes > 1:

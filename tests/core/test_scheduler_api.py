@@ -87,7 +87,7 @@ def test_a_registered_scheduler_lists_its_own_flags_in_help(toy: None, capsys: p
     assert "--spool" not in out  # a submit-only flag
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    assert "on a scheduler (slurm, openpai, toy)" in capsys.readouterr().out
+    assert "on a scheduler (slurm, openpai, k8s, toy)" in capsys.readouterr().out
 
 
 def test_render_prints_the_request_of_a_registered_scheduler(toy: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,8 +19,7 @@ from typing import Iterator
 import pytest
 
 from clusterddp.schedulers import kubernetes as k8s
-from clusterddp.schedulers.kubernetes import KubernetesOptions
-from tests.conftest import REPO
+from tests.conftest import REPO, cli, cli_env
 from tests.kubernetes.crds import CRD_FILES, require_crds
 
 pytestmark = pytest.mark.k8s
@@ -67,18 +66,24 @@ def namespace(cluster: None) -> Iterator[str]:
         kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def k8s_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m clusterddp ARGS`` of this checkout, against the test cluster."""
+    done = cli(*args, env=cli_env(KUBECONFIG=os.environ["KUBECONFIG"], PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, (args, done.stderr)
+    return done
+
+
 @pytest.mark.parametrize("flavor", ["trainjob", "jobset", "pytorchjob"])
-def test_create_status_stop_leaves_nothing(namespace: str, flavor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_create_status_stop_leaves_nothing(namespace: str, flavor: str) -> None:
     """Each flavor of jobs/cifar10.yaml: created (the server validates it), its status read,
     stopped, and after that no object and no pod of it is left in the namespace."""
-    monkeypatch.chdir(REPO)
-    options = KubernetesOptions("jobs/cifar10.yaml", flavor=flavor, namespace=namespace)
-    created = k8s.submit(options)
+    created = k8s_cli("submit", "k8s", "jobs/cifar10.yaml", "--flavor", flavor, "--namespace", namespace).stdout.strip()
     assert created.endswith("/cifar10"), created
-    status = k8s.status(options)
-    assert status.name == "cifar10" and status.phase
-    print("\n".join(status.lines()))
-    k8s.stop(options)
+    status = k8s_cli("status", "k8s", created, "--namespace", namespace).stdout
+    head, _, phase = status.splitlines()[0].partition(": ")
+    assert head.endswith("/cifar10") and phase, status
+    print(status)
+    k8s_cli("stop", "k8s", created, "--namespace", namespace)
     resource = k8s.RESOURCES[flavor]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -91,11 +96,10 @@ def test_create_status_stop_leaves_nothing(namespace: str, flavor: str, monkeypa
     pytest.fail(f"{flavor} cifar10 still has objects or pods in {namespace} 120 s after stop")
 
 
-def test_server_accepts_every_flavor_on_dry_run(cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_accepts_every_flavor_on_dry_run(cluster: None) -> None:
     """The server's own validation (schema, CEL, webhooks) accepts every rendered flavor."""
-    monkeypatch.chdir(REPO)
     for flavor in ("trainjob", "jobset", "pytorchjob"):
-        manifest = k8s.render(k8s.load_job("jobs/cifar10.yaml"), KubernetesOptions("jobs/cifar10.yaml", flavor=flavor))
+        manifest = k8s_cli("render", "k8s", "jobs/cifar10.yaml", "--flavor", flavor).stdout
         done = subprocess.run(["kubectl", "create", "--dry-run=server", "-f", "-"], input=manifest,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (flavor, done.stderr)

@@ -1,76 +1,103 @@
-"""The kubectl boundary: argv built, kubectl's documented JSON and error lines parsed, and the
-real subprocess path through a stand-in ``kubectl`` on PATH (tests/kubernetes/fake_kubectl.py)."""
+"""The kubectl boundary through the real CLI (``python -m clusterddp ACTION k8s``): argv built,
+kubectl's documented JSON and error lines parsed, with a stand-in ``kubectl`` on PATH
+(tests/kubernetes/fake_kubectl.py) that records each call."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from clusterddp.errors import ClusterDDPError
 from clusterddp.schedulers import kubernetes as k8s
-from clusterddp.schedulers.kubernetes import KubernetesOptions
-from tests.conftest import REPO
+from tests.conftest import REPO, cli, cli_env
 
 FAKE = Path(__file__).resolve().parent / "fake_kubectl.py"
 JOB = "jobs/cifar10.yaml"
 
 
 @pytest.fixture
-def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A ``kubectl`` on PATH that records its calls to the returned log file."""
+def kubectl_env(tmp_path: Path) -> dict[str, str]:
+    """The CLI's environment with a ``kubectl`` on PATH that records its calls to FAKE_KUBECTL_LOG."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "kubectl"
     script.write_text(f"#!{sys.executable}\n" + FAKE.read_text(encoding="utf-8"), encoding="utf-8")
     script.chmod(0o755)
-    log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_KUBECTL_LOG", str(log))
-    monkeypatch.chdir(REPO)
-    return log
+    return cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_KUBECTL_LOG=str(tmp_path / "calls.jsonl"),
+                   PYTHONPATH=str(REPO))
 
 
-def calls(log: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+def calls(env: dict[str, str]) -> list[dict[str, object]]:
+    return [json.loads(line) for line in Path(env["FAKE_KUBECTL_LOG"]).read_text(encoding="utf-8").splitlines()]
 
 
-def test_submit_pipes_the_manifest_to_kubectl_create(fake_kubectl: Path) -> None:
-    """submit runs 'kubectl --context C --namespace N create -f - -o name' with the render on stdin."""
-    name = k8s.submit(KubernetesOptions(JOB, context="lab", namespace="team-a"))
-    assert name == "trainjob.trainer.kubeflow.org/cifar10"
-    (call,) = calls(fake_kubectl)
+def k8s_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return cli(*args, env=env)
+
+
+def test_submit_pipes_the_manifest_to_kubectl_create(kubectl_env: dict[str, str]) -> None:
+    """submit k8s runs 'kubectl --context C --namespace N create -f - -o name' with the render on stdin."""
+    done = k8s_cli(kubectl_env, "submit", "k8s", JOB, "--context", "lab", "--namespace", "team-a")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "trainjob.trainer.kubeflow.org/cifar10\n"
+    (call,) = calls(kubectl_env)
     assert call["argv"] == ["--context", "lab", "--namespace", "team-a", "create", "-f", "-", "-o", "name"]
-    assert "kind: TrainJob" in str(call["stdin"]) and "name: cifar10" in str(call["stdin"])
+    assert yaml.safe_load(str(call["stdin"]))["kind"] == "TrainJob"
+    assert "clusterddp logs k8s trainjob.trainer.kubeflow.org/cifar10" in done.stderr
 
 
-def test_status_reads_phase_and_each_pod(fake_kubectl: Path) -> None:
-    """status: the object's latest true condition and each pod's state, ordered by node rank."""
-    status = k8s.status(KubernetesOptions(JOB, flavor="jobset"))
-    assert status.lines() == ["TrainJob/cifar10: Created (JobSetCreated)",
-                              "  node 0: cifar10-node-0-0-x Running (running)",
-                              "  node 1: cifar10-node-0-1-x Running (running)"]
-    argvs = [c["argv"] for c in calls(fake_kubectl)]
-    assert argvs == [["get", "jobsets.jobset.x-k8s.io", "cifar10", "-o", "json"],
-                     ["get", "pods", "-l", "jobset.sigs.k8s.io/jobset-name=cifar10", "-o", "json"]]
+def test_submit_dry_run_runs_no_kubectl(kubectl_env: dict[str, str]) -> None:
+    """submit k8s --dry-run prints the JobSet and the kubectl command line, and runs nothing."""
+    done = k8s_cli(kubectl_env, "submit", "k8s", JOB, "--flavor", "jobset", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "kind: JobSet" in done.stdout
+    assert done.stdout.rstrip().endswith("# dry run: would run: kubectl create -f - -o name < MANIFEST")
+    assert not Path(kubectl_env["FAKE_KUBECTL_LOG"]).exists()
 
 
-def test_stop_deletes_the_object(fake_kubectl: Path) -> None:
-    """stop: 'kubectl delete <resource> <name>'; the controllers delete what the object owns."""
-    assert "deleted" in k8s.stop(KubernetesOptions(JOB, flavor="pytorchjob"))
-    assert calls(fake_kubectl)[0]["argv"] == ["delete", "pytorchjobs.kubeflow.org", "cifar10", "--wait=false"]
+def test_status_reads_phase_and_each_pod(kubectl_env: dict[str, str]) -> None:
+    """status k8s KIND/NAME (as submit printed it): the object's latest true condition, each pod by node rank."""
+    done = k8s_cli(kubectl_env, "status", "k8s", "jobset.jobset.x-k8s.io/cifar10", "--namespace", "team-a")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["TrainJob/cifar10: Created (JobSetCreated)",
+                                        "  node 0: cifar10-node-0-0-x Running (running)",
+                                        "  node 1: cifar10-node-0-1-x Running (running)"]
+    base = ["--namespace", "team-a"]
+    assert [c["argv"] for c in calls(kubectl_env)] == [
+        [*base, "get", "jobsets.jobset.x-k8s.io", "cifar10", "-o", "json"],
+        [*base, "get", "pods", "-l", "jobset.sigs.k8s.io/jobset-name=cifar10", "-o", "json"]]
 
 
-def test_logs_prefix_each_line_with_the_node_rank(fake_kubectl: Path) -> None:
-    """logs: one 'kubectl logs -f POD' per pod, every line prefixed [node R]."""
-    out = io.StringIO()
-    assert k8s.logs(KubernetesOptions(JOB), out) == 0
-    assert sorted(out.getvalue().splitlines()) == ["[node 0] hello from cifar10-node-0-0-x",
-                                                  "[node 1] hello from cifar10-node-0-1-x"]
+def test_stop_deletes_the_object(kubectl_env: dict[str, str]) -> None:
+    """stop k8s NAME --flavor pytorchjob: 'kubectl delete <resource> <name>'; the controller deletes what it owns."""
+    done = k8s_cli(kubectl_env, "stop", "k8s", "cifar10", "--flavor", "pytorchjob")
+    assert done.returncode == 0 and "deleted" in done.stdout, done.stderr
+    assert calls(kubectl_env)[0]["argv"] == ["delete", "pytorchjobs.kubeflow.org", "cifar10", "--wait=false"]
+
+
+def test_logs_prefix_each_line_with_the_node_rank(kubectl_env: dict[str, str]) -> None:
+    """logs k8s NAME: one 'kubectl logs -f POD' per pod, every line prefixed [node R]."""
+    done = k8s_cli(kubectl_env, "logs", "k8s", "cifar10")
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[node 0] hello from cifar10-node-0-0-x",
+                                                "[node 1] hello from cifar10-node-0-1-x"]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("jobset/-x",), "object name must be a DNS-1123 label"),
+    (("cronjob/x",), "unknown kind 'cronjob'"),
+    (("jobset/x", "--flavor", "trainjob"), "is a jobset, but --flavor says trainjob"),
+])
+def test_status_refuses_a_bad_object_name(kubectl_env: dict[str, str], args: tuple[str, ...], fragment: str) -> None:
+    """A name kubectl would read as a flag, an unknown kind, or a kind that contradicts --flavor: one line, exit 2."""
+    done = k8s_cli(kubectl_env, "status", "k8s", *args)
+    assert done.returncode == 2 and fragment in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not Path(kubectl_env["FAKE_KUBECTL_LOG"]).exists()
 
 
 @pytest.mark.parametrize("scenario,fragment", [
@@ -78,26 +105,25 @@ def test_logs_prefix_each_line_with_the_node_rank(fake_kubectl: Path) -> None:
     ("forbidden", 'forbidden: User "alice" cannot create resource "trainjobs"'),
     ("exists", "cifar10 already exists in that namespace"),
     ("nocrd", "the cluster does not know TrainJob: its CRD is not installed"),
-    ("nocrd-get", "the cluster does not know trainjobs: its CRD is not installed"),
     ("nonamespace", "namespace nope does not exist"),
 ])
-def test_server_refusals_are_one_line_exit_2(fake_kubectl: Path, scenario: str, fragment: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each documented kubectl failure is one KubectlError line with exit code 2."""
-    monkeypatch.setenv("FAKE_KUBECTL_SCENARIO", scenario)
-    with pytest.raises(ClusterDDPError) as info:
-        k8s.submit(KubernetesOptions(JOB))
-    assert fragment in str(info.value) and "\n" not in str(info.value)
-    assert info.value.exit_code == 2
+def test_server_refusals_are_one_line_exit_2(kubectl_env: dict[str, str], scenario: str, fragment: str) -> None:
+    """Each documented kubectl failure of submit k8s is one line on stderr with exit code 2."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, "submit", "k8s", JOB)
+    assert done.returncode == 2 and fragment in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""
 
 
-def test_no_kubectl_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No kubectl on PATH: one line saying so, exit 2, nothing run."""
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.chdir(REPO)
-    with pytest.raises(ClusterDDPError) as info:
-        k8s.submit(KubernetesOptions(JOB))
-    assert str(info.value).startswith("'kubectl' not found on PATH") and info.value.exit_code == 2
+def test_status_of_a_kind_the_server_lacks(kubectl_env: dict[str, str]) -> None:
+    """status k8s against a server without the CRD: one line naming the missing resource type, exit 2."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": "nocrd-get"}, "status", "k8s", "cifar10")
+    assert done.returncode == 2 and "the cluster does not know trainjobs: its CRD is not installed" in done.stderr
+
+
+def test_no_kubectl_on_path(tmp_path: Path) -> None:
+    """No kubectl on PATH: submit k8s says so in one line, exit 2."""
+    done = cli("submit", "k8s", JOB, env=cli_env(PATH=str(tmp_path), PYTHONPATH=str(REPO)))
+    assert done.returncode == 2 and "'kubectl' not found on PATH" in done.stderr, done.stderr
 
 
 def test_pytorchjob_pod_rank_from_replica_labels() -> None:
@@ -126,9 +152,10 @@ def test_kubectl_printing_no_json_is_one_line() -> None:
         k8s.parse_json("<html>")
 
 
-def test_render_entry_writes_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Until the CLI is wired: main_render writes the JobSet manifest of jobs/cifar10.yaml to --output."""
-    monkeypatch.chdir(REPO)
+def test_render_writes_the_manifest(tmp_path: Path) -> None:
+    """render k8s --flavor jobset -o PATH writes the JobSet of jobs/cifar10.yaml and says how to create it."""
     out = tmp_path / "cifar10.jobset.yaml"
-    assert k8s.main_render(KubernetesOptions(JOB, flavor="jobset", output=str(out))) == 0
-    assert "kind: JobSet" in out.read_text(encoding="utf-8")
+    done = cli("render", "k8s", JOB, "--flavor", "jobset", "-o", str(out), env=cli_env(PYTHONPATH=str(REPO)))
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert yaml.safe_load(out.read_text(encoding="utf-8"))["kind"] == "JobSet"
+    assert f"kubectl create -f {out}" in done.stderr

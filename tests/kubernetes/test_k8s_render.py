@@ -182,16 +182,19 @@ def test_jobset_restarts_and_exit_codes_that_never_restart() -> None:
 
 
 def test_jobset_pod_says_where_node_zero_is() -> None:
-    """A JobSet pod gets the PET_* a TrainJob pod gets from the torch plugin; node 0 is
-    <jobset>-node-0-0.<subdomain>, the rank the pod's completion index."""
+    """A JobSet pod gets exactly clusterddp.envs.jobset's contract: node 0 is
+    <jobset>-node-0-0.<subdomain>, N nodes, port 29500, and the restart attempt from JobSet's
+    pod label (jobset pkg/constants RestartsKey) as CLUSTERDDP_RESTART_COUNT; no PET_*."""
     job, path = fixture("minimal")
     obj = render_manifest(job, path, "jobset")
     env = {e["name"]: e for e in obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
            ["containers"][0]["env"]}
-    assert env["PET_MASTER_ADDR"]["value"] == "hello-node-0-0.hello"
-    assert env["PET_NNODES"]["value"] == "2" and env["PET_MASTER_PORT"]["value"] == "29500"
-    assert env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert list(env) == ["CLUSTERDDP_JOBSET_MASTER_ADDR", "CLUSTERDDP_JOBSET_NNODES", "CLUSTERDDP_JOBSET_MASTER_PORT",
+                         "CLUSTERDDP_RESTART_COUNT"]
+    assert env["CLUSTERDDP_JOBSET_MASTER_ADDR"]["value"] == "hello-node-0-0.hello"
+    assert env["CLUSTERDDP_JOBSET_NNODES"]["value"] == "2" and env["CLUSTERDDP_JOBSET_MASTER_PORT"]["value"] == "29500"
+    assert env["CLUSTERDDP_RESTART_COUNT"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clusterddp.devices import cgroup_cpu_limit, cpu_count
 from clusterddp.envs import Overrides, detect
@@ -20,6 +21,8 @@ from clusterddp.errors import EnvironmentDetectionError
 from clusterddp.spec import JobSpec
 from clusterddp.topology import resolve
 from tests.conftest import REPO, cli, cli_env, write_job
+from tests.kubernetes import pods
+from tests.kubernetes.crds import require_crds
 
 
 def trainjob_pod(name: str, num_nodes: int, index: int, nproc: str) -> dict[str, str]:
@@ -184,3 +187,28 @@ def test_env_json_in_a_trainjob_pod() -> None:
     data = json.loads(result.stdout)
     assert (data["env"], data["nnodes"], data["node_rank"], data["master_addr"]) == ("trainjob", 2, 1,
                                                                                         "mnist-node-0-0.mnist")
+
+
+def rendered_pods(flavor: str) -> list[pods.Pod]:
+    """The pods a cluster makes of ``clusterddp render k8s jobs/cifar10.yaml --flavor FLAVOR`` (tests/kubernetes/pods.py)."""
+    manifest = yaml.safe_load(cli("render", "k8s", "jobs/cifar10.yaml", "--flavor", flavor,
+                                  env=cli_env(PYTHONPATH=str(REPO))).stdout)
+    if flavor == "jobset":
+        return pods.jobset_pods(manifest, restart_attempt=2)
+    runtime = yaml.safe_load((require_crds() / "torch_distributed.yaml").read_text(encoding="utf-8"))
+    return pods.trainjob_pods(manifest, runtime)
+
+
+@pytest.mark.parametrize("flavor", ["jobset", "trainjob"])
+def test_env_in_a_pod_of_the_rendered_manifest_names_its_flavor(flavor: str) -> None:
+    """`clusterddp env` with the env a cluster gives the pod of the rendered cifar10 object says its flavor and place."""
+    pod = rendered_pods(flavor)[0]
+    result = cli("env", "--json", "jobs/cifar10.yaml", env=cli_env(**pod.env, PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["env"], data["nnodes"], data["node_rank"]) == (flavor, 1, 0)
+    assert (data["master_addr"], data["master_port"]) == ("cifar10-node-0-0.cifar10", 29500)
+    if flavor == "jobset":
+        assert pod.env["CLUSTERDDP_RESTART_COUNT"] == "2" and not any(k.startswith("PET_") for k in pod.env)
+    else:
+        assert pod.env["PET_NPROC_PER_NODE"] == "4" and data["nproc_per_node"] == 4  # cpu: 4, no GPU

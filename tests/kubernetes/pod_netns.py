@@ -1,0 +1,156 @@
+"""Kubernetes pods on one machine: each pod a network namespace with its own IP on a bridge, its
+own hostname, and the names a cluster's DNS gives it in a hosts file the pod's processes read.
+
+Layout: bridge ``cdk8sbr0`` at 10.81.0.1/24; pod slot K is netns ``cdk8sK`` with ``eth0`` at
+10.81.0.K+1 (tests/testbed/namespaces.py). A pod is started as its container would be:
+``nsenter --net`` into its slot, ``unshare --uts --mount`` for its own hostname and a bind-mounted
+``/etc/hosts`` (plus a files-only ``nsswitch.conf``: no resolver outside the file), then the
+container's command with the environment tests/kubernetes/pods.py computed from the manifest.
+When a pod starts, its line (``IP <hostname>.<subdomain> <hostname>``) is appended to the shared
+hosts file, as the headless service's record appears once the pod exists: a name resolves only
+after its pod is up. Pods share the file system (the job's checkpoint directory is a shared
+volume). One set at a time per machine: ``/run/cdk8s.lock``, leftovers removed first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from tests.conftest import REPO, cli_env
+from tests.kubernetes.pods import Pod
+from tests.testbed import namespaces
+from tests.testbed.namespaces import NETNS_DIR, pids_in_netns
+
+PREFIX = "cdk8s"
+SUBNET = "10.81.0"
+LOCK_FILE = f"/run/{PREFIX}.lock"
+LEFTOVER_GRACE = 1.0
+#: How a pod's container is started: own hostname, the test's hosts file and nsswitch.conf.
+CONTAINER = ('hostname "$1" && mount --bind "$2" /etc/hosts && mount --bind "$3" /etc/nsswitch.conf '
+             '&& shift 3 && exec "$@"')
+
+
+def unavailable_reason() -> str | None:
+    return namespaces.unavailable_reason("needs root (network namespaces, mount namespaces)",
+                                         ("ip", "nsenter", "unshare", "mount"))
+
+
+@dataclass
+class Running:
+    """A started pod: its process (the container's PID 1 stand-in) and its output file."""
+
+    pod: Pod
+    slot: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class PodNetwork:
+    """Slots for pods (namespace, IP) and the DNS they share."""
+
+    slots: list[tuple[str, str]]
+    root: Path
+    hosts: Path = field(init=False)
+    nsswitch: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hosts = self.root / "hosts"
+        self.hosts.write_text("127.0.0.1 localhost\n")
+        self.nsswitch = self.root / "nsswitch.conf"
+        self.nsswitch.write_text("hosts: files\n")
+
+    def start(self, pod: Pod, slot: int, cwd: Path = REPO) -> Running:
+        """Run ``pod``'s container command in slot ``slot`` with the pod's env; its DNS line appears now."""
+        name, address = self.slots[slot]
+        with self.hosts.open("a") as hosts:  # appended in place: the pods' bind mounts see it
+            hosts.write(f"{address} {pod.fqdn} {pod.fqdn}.default.svc.cluster.local {pod.hostname}\n")
+        argv = pod.argv
+        if argv[0] == "clusterddp":  # the image's console script: this checkout's package
+            argv = [sys.executable, "-m", "clusterddp", *argv[1:]]
+        log = self.root / f"{pod.name}.log"
+        command = ["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount", "sh", "-c", CONTAINER,
+                   pod.name, pod.hostname, str(self.hosts), str(self.nsswitch), *argv]
+        env = cli_env(**pod.env, PYTHONPATH=str(REPO))
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        return Running(pod, name, proc, log, time.monotonic())
+
+    def delete(self, running: Running, grace: float) -> None:
+        """Delete the pod as the kubelet does: SIGTERM to the container's main process, SIGKILL to
+        everything in it after ``grace`` s (terminationGracePeriodSeconds). Its exit code stays readable."""
+        running.proc.send_signal(signal.SIGTERM)
+        try:
+            running.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.kill(running)
+        namespaces.terminate(self.pids(running.slot), grace=0)
+
+    def kill(self, running: Running) -> None:
+        """The pod fails at once (its node lost, OOM-killed): SIGKILL to everything in it."""
+        for pid in self.pids(running.slot):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        running.proc.wait(timeout=10)  # reaped here, before terminate() could take its status
+        namespaces.terminate(self.pids(running.slot), grace=0)
+
+    def pids(self, slot: str) -> list[int]:
+        return pids_in_netns(os.stat(f"{NETNS_DIR}/{slot}").st_ino)
+
+
+@contextlib.contextmanager
+def pod_network(count: int, root: Path) -> Iterator[PodNetwork]:
+    """``count`` pod slots under the lock; everything in them is ended and removed on exit."""
+    with namespaces.exclusive(LOCK_FILE, lambda: namespaces.remove_leftovers(PREFIX, LEFTOVER_GRACE)):
+        yield PodNetwork(namespaces.build_network(PREFIX, SUBNET, count), root)
+
+
+def wait_all(running: list[Running], timeout: float) -> list[int]:
+    """Every pod's exit code; a pod still running after ``timeout`` s is killed and reported as None."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for item in running:
+        try:
+            codes.append(item.proc.wait(timeout=max(deadline - time.monotonic(), 0.1)))
+        except subprocess.TimeoutExpired:
+            for pid in pids_in_netns(os.stat(f"{NETNS_DIR}/{item.slot}").st_ino):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            item.proc.wait(timeout=10)
+            codes.append(-999)
+    return codes
+
+
+def run_job(network: PodNetwork, running: list[Running], backoff_limit: int, timeout: float,
+            grace: float = 10.0) -> list[int]:
+    """The Job controller of one Indexed Job: once more pods failed than ``backoffLimit`` allows,
+    the Job fails and its controller deletes the pods still active (SIGTERM, then SIGKILL after
+    ``grace``). Returns every pod's exit code (-999: still running at ``timeout``, killed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(item.proc.poll() is None for item in running):
+        failed = [item for item in running if item.proc.poll() not in (None, 0)]
+        if len(failed) > backoff_limit:
+            for item in running:
+                if item.proc.poll() is None:
+                    network.delete(item, grace)
+            break
+        time.sleep(0.05)
+    return wait_all(running, max(deadline - time.monotonic(), 0.1))
+
+
+def outputs(running: list[Running]) -> str:
+    return "\n".join(f"--- {item.pod.name} ---\n{item.output()[-4000:]}" for item in running)
+

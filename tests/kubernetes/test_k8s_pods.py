@@ -1,0 +1,123 @@
+"""Pods made of network namespaces (tests/kubernetes/pod_netns.py), each given exactly what a
+cluster gives a pod of the rendered manifest: its environment is computed from the manifest
+the way the JobSet, Job and TrainJob controllers and the kubelet do (tests/kubernetes/pods.py),
+its DNS name resolves once the pod exists, and it runs the container's own command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, REPO, cli, cli_env, wait_for
+from tests.kubernetes import pods
+from tests.kubernetes.crds import require_crds
+from tests.kubernetes.pod_netns import outputs, pod_network, run_job, unavailable_reason, wait_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns,
+              pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
+TIMEOUT = 50
+CIFAR10 = REPO / "jobs" / "cifar10.py"
+
+
+def job_file(tmp_path: Path, name: str, script: Path, args: list[str], **fields: Any) -> Path:
+    """A 2-node x 2-worker gloo job with a kubernetes: section, on the pods' shared file system."""
+    data = {"name": name, "script": str(script), "args": args, "nodes": 2, "nproc_per_node": 2,
+            "backend": "gloo", "grace_period": 3, "logs": {"dir": str(tmp_path / "logs")},
+            "kubernetes": {"image": "clusterddp-test:latest"}, **fields}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def render(job: Path, flavor: str) -> dict[str, Any]:
+    """``clusterddp render k8s JOB --flavor FLAVOR``, parsed."""
+    done = cli("render", "k8s", str(job), "--flavor", flavor, env=cli_env(PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    manifest: dict[str, Any] = yaml.safe_load(done.stdout)
+    return manifest
+
+
+def pods_of(manifest: dict[str, Any], attempt: int = 0) -> list[pods.Pod]:
+    if manifest["kind"] == "JobSet":
+        return pods.jobset_pods(manifest, restart_attempt=attempt)
+    runtime = yaml.safe_load((require_crds() / "torch_distributed.yaml").read_text(encoding="utf-8"))
+    return pods.trainjob_pods(manifest, runtime, restart_attempt=attempt)
+
+
+@pytest.mark.parametrize("flavor", ["jobset", "trainjob"])
+def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor: str) -> None:
+    """2 pods x 2 gloo workers of the rendered object all-reduce to 6; every rank sees the torchrun
+    contract, node rank = the pod's completion index, and node 0's DNS name as MASTER_ADDR."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    manifest = render(job_file(tmp_path, "ddp", BIN / "env_allreduce.py", [str(out)]), flavor)
+    with pod_network(2, tmp_path) as network:
+        started = time.monotonic()
+        running = [network.start(pod, pod.index) for pod in reversed(pods_of(manifest))]  # node 1 first
+        wait_for(lambda: any(out.iterdir()), timeout=TIMEOUT)
+        first_rank = time.monotonic() - started
+        codes = wait_all(running, TIMEOUT)
+    assert codes == [0, 0], outputs(running)
+    ranks = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)}
+    for rank, seen in ranks.items():
+        env, node = seen["env"], rank // 2
+        assert seen["sum"] == 6.0 and seen["host"] == f"ddp-node-0-{node}"
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == \
+            (str(rank), "4", str(rank % 2), "2")
+        assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env["ROLE_RANK"]) == (str(node), "2", str(rank))
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("ddp-node-0-0.ddp", "29500")
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_RUN_ID"]
+    assert len({seen["env"]["TORCHELASTIC_RUN_ID"] for seen in ranks.values()}) == 1
+    print(f"{flavor}: pods started -> first rank running {first_rank:.1f} s")
+
+
+def job_spec(manifest: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
+    return spec
+
+
+def test_a_crash_on_node_1_stops_node_0_and_names_the_rank(tmp_path: Path) -> None:
+    """Rank 3 (node 1) exits 3: node 1's launcher reports rank 3 as the root cause and fails its
+    pod; the Job (backoffLimit 0) fails and its controller deletes node 0's pod, which stops."""
+    manifest = render(job_file(tmp_path, "crash", BIN / "exit_with.py", ["3", "3"]), "jobset")
+    assert job_spec(manifest)["backoffLimit"] == 0 and manifest["spec"]["failurePolicy"]["maxRestarts"] == 0
+    with pod_network(2, tmp_path) as network:
+        running = [network.start(pod, pod.index) for pod in pods_of(manifest)]
+        codes = run_job(network, running, job_spec(manifest)["backoffLimit"], TIMEOUT)
+    text = outputs(running)
+    assert codes == [143, 3], (codes, text)  # node 0: 128 + SIGTERM; node 1: the root cause's code
+    node1 = running[1].output()
+    assert re.search(r"root cause \(first observed failure\):\n\s+host:\s+crash-node-0-1\n\s+rank:\s+3 ", node1), text
+    assert "exit:       exit code 3" in node1, text
+    assert "job 'crash' stopped: the launcher received SIGTERM" in running[0].output(), text
+    assert "Traceback" not in text
+
+
+def test_a_jobset_restart_resumes_cifar10_from_its_checkpoint(tmp_path: Path) -> None:
+    """restarts: 1 (maxRestarts 1): node 1's pod dies after the first checkpoint, the JobSet recreates
+    every pod with restart-attempt 1, and jobs/cifar10.py resumes from its checkpoint and completes."""
+    out = tmp_path / "run"
+    args = ["--epochs", "2", "--width", "8", "--batch-size", "8", "--synthetic-train", "256",
+            "--synthetic-test", "32", "--workers", "0", "--out-dir", str(out)]
+    manifest = render(job_file(tmp_path, "resume", CIFAR10, args, restarts=1), "jobset")
+    assert manifest["spec"]["failurePolicy"]["maxRestarts"] == 1
+    checkpoint = out / "checkpoints" / "last.pt"
+    with pod_network(2, tmp_path) as network:
+        first = [network.start(pod, pod.index) for pod in pods_of(manifest, attempt=0)]
+        assert wait_for(checkpoint.exists, timeout=TIMEOUT), outputs(first)
+        network.kill(first[1])  # node 1's pod fails: its Job fails (backoffLimit 0), not a 65/75 exit
+        network.delete(first[0], grace=10)  # the JobSet restarts: every Job deleted, then recreated
+        second = [network.start(pod, pod.index) for pod in pods_of(manifest, attempt=1)]
+        assert all(pod.pod.env["CLUSTERDDP_RESTART_COUNT"] == "1" for pod in second)
+        codes = wait_all(second, TIMEOUT)
+    text = outputs(second)
+    assert codes == [0, 0], text
+    assert re.search(rf"resumed from {re.escape(str(checkpoint))} at epoch \d+ step \d+", text), text
+    print(text[-1500:])
