@@ -439,7 +439,8 @@ def options_from(cls: type[_Options], args: argparse.Namespace, **values: Any) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from clusterddp.launch.run import RunOptions, run_job
+    from clusterddp.launch.options import RunOptions
+    from clusterddp.launch.run import run_job
 
     job = _load(args)
     return run_job(job, options_from(RunOptions, args), dict(os.environ))
@@ -447,7 +448,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     from clusterddp.envs import detect, known_environments
-    from clusterddp.launch.run import RunOptions
+    from clusterddp.launch.options import RunOptions
     from clusterddp.spec import JobSpec
     from clusterddp.topology import resolve
 

@@ -8,7 +8,7 @@ import sys
 from typing import Mapping
 
 from clusterddp.envs import Overrides, detect
-from clusterddp.launch.run import RunOptions
+from clusterddp.launch.options import RunOptions
 from clusterddp.launch import plan as planning
 from clusterddp.launch import runlock
 from clusterddp.launch.logs import say

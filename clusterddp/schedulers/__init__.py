@@ -11,14 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from clusterddp.atomicfile import write_atomically
 from clusterddp.errors import ClusterDDPError
+from clusterddp.schedulers.common import ACTIONS, write_output
 
 if TYPE_CHECKING:
     from clusterddp.schedulers.api import Scheduler
-
-#: Every action a scheduler may have, in the order the CLI lists them (``api.Scheduler``).
-ACTIONS = ("render", "submit", "status", "stop", "logs")
 
 #: name -> ``"module:Class"`` (imported on first use) or the class itself.
 SCHEDULERS: dict[str, str | type[Scheduler[Any]]] = {
@@ -39,7 +36,4 @@ def get_scheduler(name: str) -> Scheduler[Any]:
     return entry()
 
 
-def write_output(path: str, text: str) -> None:
-    """Write a rendered file whole or not at all (a full disk keeps the old one); a path that
-    cannot be written is one line naming it, not a traceback."""
-    write_atomically(path, text)
+__all__ = ["ACTIONS", "SCHEDULERS", "get_scheduler", "write_output"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
 
 from clusterddp.errors import ClusterDDPError
-from clusterddp.schedulers import ACTIONS, write_output
+from clusterddp.schedulers.common import ACTIONS, write_output
 from clusterddp.spec import JobSpec, load_job
 from clusterddp.validate import positive_seconds_problem
 

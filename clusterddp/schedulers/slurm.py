@@ -27,7 +27,7 @@ from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
 from clusterddp.spec import JobSpec
 from clusterddp.redact import passthrough_env, scrub
-from clusterddp.schedulers import write_output
+from clusterddp.schedulers.common import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
 from clusterddp.schedulers.slurm_container import container_step, default_launcher

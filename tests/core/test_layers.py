@@ -24,7 +24,10 @@ The rules:
   ``sections``, ``topology`` reads ``envs``), but never in a circle: no two units of a layer
   import each other, directly or through others;
 - ``train`` imports only leaf modules, and no unit but ``train`` imports ``train``;
-- every unit has a layer: a new top-level module must be placed here first.
+- every unit has a layer: a new top-level module must be placed here first;
+- inside a unit too, no module imports another that imports it back, directly or through
+  others (``launch.local`` -> ``launch.run`` -> ``launch.local`` was such a circle: the options
+  records now sit in the leaf ``launch.options``).
 
 Every import counts, wherever it stands: at module level, inside a function (a lazy import is
 still a dependency), and under ``if TYPE_CHECKING:`` (none is exempt: every such import
@@ -180,6 +183,57 @@ def layer_violations() -> list[str]:
         proof = [where for s, t, where in edges if (s, t) in set(zip(cycle, cycle[1:]))]
         problems.append(f"units of one layer import each other: {' -> '.join(cycle)} ({'; '.join(proof)})")
     return problems
+
+
+def _module_of(name: str, modules: dict[str, Path]) -> str | None:
+    """The module an imported name loads: ``clusterddp.launch.plan`` for ``from clusterddp.launch
+    import plan``'s ``clusterddp.launch.plan``, the package for a name defined in it."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _module_imports(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported module, line) for every clusterddp module ``module`` imports, at any depth;
+    ``from pkg import name`` counts as an import of ``pkg.name`` where that is a module."""
+    found: list[tuple[str, int]] = []
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            target = _module_of(name, modules) if name.startswith(ROOT) else None
+            if target is not None and target != module:
+                found.append((target, node.lineno))
+    return found
+
+
+def module_circles() -> list[str]:
+    """One circle of module imports (with the file:line of each step), or [] when there is none."""
+    modules = _sources()
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for module, path in modules.items():
+        for target, line in _module_imports(module, path, modules):
+            graph.setdefault(module, set()).add(target)
+            where.setdefault((module, target), f"{path.relative_to(REPO)}:{line}")
+    cycle = _cycle(graph)
+    if not cycle:
+        return []
+    return [f"{a} -> {b} ({where[(a, b)]})" for a, b in zip(cycle, cycle[1:])]
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No circle of modules, lazy and TYPE_CHECKING imports included (DESIGN.md, 'What imports what')."""
+    circle = module_circles()
+    assert not circle, "modules that import each other, in a circle:\n" + "\n".join(circle)
 
 
 def test_imports_follow_the_layers() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterddp.launch.run import RunOptions, wants_fanout
+from clusterddp.launch.options import RunOptions
+from clusterddp.launch.run import wants_fanout
 from clusterddp.sections.ssh import SSHSpec
 from clusterddp.spec import JobSpec
 from clusterddp.topology import (CPU_AUTO_WORKERS, choose_port, count_workers, default_run_id, derive_port,
@@ -70,7 +71,7 @@ def test_cli_parses_scheduler_flags_into_options() -> None:
 
 def test_device_flags_reach_every_remote_launcher() -> None:
     """--cpu-affinity and --virtual-local-rank given to the head are passed on to each host's launcher."""
-    from clusterddp.launch.run import RunOptions
+    from clusterddp.launch.options import RunOptions
     from clusterddp.launch.ssh.fanout import fanout_options
 
     args = fanout_options(RunOptions(cpu_affinity="none", virtual_local_rank=True)).launcher_args

@@ -266,7 +266,7 @@ def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Pat
     supervisor restarts nothing (restarts: 3 is OpenPAI's); --restart-count still wins."""
     from clusterddp.launch import plan as planning
     from clusterddp.launch.local import resolve_here, supervisor_options
-    from clusterddp.launch.run import RunOptions
+    from clusterddp.launch.options import RunOptions
 
     job = JobSpec(name="j", script="t.py", nodes=2, nproc_per_node=2, backend="gloo", restarts=3,
                   cpu_affinity="none")
@@ -285,7 +285,7 @@ def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Pat
 def test_outside_openpai_the_nodes_own_restarts_still_apply() -> None:
     """Placed by hand (no scheduler restarting the job), restarts: 3 restarts the local group."""
     from clusterddp.launch.local import resolve_here, supervisor_options
-    from clusterddp.launch.run import RunOptions
+    from clusterddp.launch.options import RunOptions
 
     job = JobSpec(name="j", script="t.py", nodes=2, nproc_per_node=1, backend="gloo", restarts=3)
     overrides = Overrides(nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29500, job=job)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
 from clusterddp.launch import runlock
-from clusterddp.launch.run import RunOptions
+from clusterddp.launch.options import RunOptions
 from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, refuse_loopback
 from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
 from clusterddp.launch.ssh.connect import ConnectSettings

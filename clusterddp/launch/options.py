@@ -1,0 +1,57 @@
+"""The options records of ``clusterddp run``: what the command line adds to the job file.
+
+A leaf of ``launch``: it imports no other launch module, so the entry point (``launch.run``),
+the run on this node (``launch.local``) and the SSH head (``launch.ssh.fanout``) all read
+these records without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clusterddp.envs.base import Overrides
+from clusterddp.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line adds to the job file, already checked (the CLI builds it from
+    flags and ``CLUSTERDDP_*`` variables). None: the job file or the environment decides."""
+
+    #: Placement: override what the cluster environment says.
+    nproc_per_node: int | str | None = None
+    nnodes: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    run_id: str | None = None
+    #: SSH fan-out: hostfile (wins over the job's ssh.hosts / ssh.hostfile) and host globs.
+    hostfile: str | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    #: Print ranks, commands and env; start nothing.
+    dry_run: bool = False
+    #: Already applied to the job; a fan-out passes them on to every remote launcher.
+    restarts: int | None = None
+    grace_period: float | None = None
+    python: str | None = None
+    log_dir: str | None = None
+    log_ranks: frozenset[int] | None = None
+    no_prefix: bool = False
+    cpu_affinity: str | None = None
+    virtual_local_rank: bool = False
+    #: Set by the SSH head on the remote launchers: stop when stdin closes or goes silent.
+    watch_stdin: bool = False
+    heartbeat_timeout: float = 6.0
+    report_json: bool = False
+    #: Set where something outside this node restarts the whole job (the SSH head, the batch
+    #: script): this start is that attempt (TORCHELASTIC_RESTART_COUNT), and the node never
+    #: restarts its group alone (its peers would not come back with it).
+    restart_count: int | None = None
+    #: Every node's worker count (hosts with different slots): ranks are their prefix sums.
+    workers_per_node: tuple[int, ...] | None = None
+
+    def overrides(self, job: JobSpec | None = None) -> Overrides:
+        """The placement flags, for the cluster environments."""
+        return Overrides(nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,
+                         master_port=self.master_port, run_id=self.run_id, job=job)
