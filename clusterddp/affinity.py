@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence, get_args
 
-MODES = ("auto", "exclusive", "node", "socket", "core-complex", "none")
+#: The modes, as the job file's ``cpu_affinity`` is typed (``JobSpec``); ``MODES`` lists them.
+Mode = Literal["auto", "exclusive", "node", "socket", "core-complex", "none"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 def parse_cpulist(text: str) -> list[int]:

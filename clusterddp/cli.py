@@ -9,21 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 import typing
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from clusterddp import __version__, validate
-from clusterddp.affinity import MODES as AFFINITY_MODES
 from clusterddp.errors import ClusterDDPError
+from clusterddp.launch import flags
 
 from clusterddp.schedulers import ACTIONS as SCHEDULER_ACTIONS
 from clusterddp.schedulers import SCHEDULERS
 
 if TYPE_CHECKING:  # imported lazily at run time: `clusterddp --help` should not pay for YAML
+    from clusterddp.launch.options import RunOptions
     from clusterddp.schedulers.api import Scheduler
     from clusterddp.spec import JobSpec
 
@@ -119,129 +119,38 @@ class _Parser(argparse.ArgumentParser):
         raise ClusterDDPError(f"{where}: {validate.escape_controls(message)[:300]}", f"see '{self.prog} --help'")
 
 
-class _Problem(ValueError):
-    """A flag or variable value that breaks its rule; the message is the rule's problem."""
-
-
-def _integer(raw: str) -> int:
-    if not validate.INTEGER_TEXT.fullmatch(raw):
-        raise _Problem(f"expected an integer, got {validate.shown(raw)}")
-    return int(raw)
-
-
-def _number(raw: str) -> float:
-    if not _FLOAT.fullmatch(raw):
-        raise _Problem(f"expected a number, got {validate.shown(raw)}")
-    return float(raw)
-
-
-_FLOAT = re.compile(r"-?(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})(?:[eE][-+]?[0-9]{1,3})?")
-
-
-def _checked(parse: Callable[[str], Any], *problems: Callable[[Any], str | None]) -> Callable[[str], Any]:
-    """A converter: parse the text, then apply the same rules as the job-file key."""
-    def convert(raw: str) -> Any:
-        value = parse(raw)
-        for problem_of in problems:
-            problem = problem_of(value)
-            if problem:
-                raise _Problem(problem)
-        return value
-    return convert
-
-
-def _nproc_value(raw: str) -> int | str:
-    if raw in ("auto", "gpu", "cpu"):
-        return raw
-    if not validate.INTEGER_TEXT.fullmatch(raw):
-        raise _Problem(f"expected a number, 'auto', 'gpu' or 'cpu', got {validate.shown(raw)}")
-    return int(_checked(int, validate.workers_problem)(raw))
-
-
-def _ranks(raw: str) -> frozenset[int]:
-    parts = [part.strip() for part in raw.split(",") if part.strip()]
-    if len(parts) > 4096 or not all(validate.INTEGER_TEXT.fullmatch(p) and int(p) >= 0 for p in parts):
-        raise _Problem(f"expected ranks like 0,3, got {validate.shown(raw)}")
-    return frozenset(int(p) for p in parts)
-
-
-def _node_workers(raw: str) -> tuple[int, ...]:
-    """``--workers-per-node 2,1,1``: every node's worker count, in node-rank order."""
-    parts = raw.split(",")
-    if len(parts) > validate.MAX_NODES or not all(validate.INTEGER_TEXT.fullmatch(p) for p in parts):
-        raise _Problem(f"expected worker counts like 2,1,1, got {validate.shown(raw)}")
-    counts = tuple(int(p) for p in parts)
-    for count in counts:
-        problem = validate.workers_problem(count)
-        if problem:
-            raise _Problem(problem)
-    return counts
-
-
-def _text(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
-    return _checked(str, problem_of)
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
-    def convert(raw: str) -> str:
-        if raw in options:
-            return raw
-        raise _Problem(f"expected one of {', '.join(options)}, got {validate.shown(raw)}")
-    return convert
-
-
 def _sizes(raw: str) -> tuple[int, ...] | None:
     problem = validate.line_problem(raw)
     if problem:
-        raise _Problem(problem)
+        raise flags.FlagProblem(problem)
     parts = [part.strip() for part in raw.split(",") if part.strip()]
     if not all(validate.INTEGER_TEXT.fullmatch(part) for part in parts):
-        raise _Problem(f"expected sizes in bytes like 8,65536, got {validate.shown(raw)}")
+        raise flags.FlagProblem(f"expected sizes in bytes like 8,65536, got {validate.shown(raw)}")
     return tuple(int(part) for part in parts) or None
-
-
-def _node_rank(value: int) -> str | None:
-    return None if 0 <= value < validate.MAX_NODES else f"must be 0-{validate.MAX_NODES - 1}, got {value}"
 
 
 def _fraction(value: float) -> str | None:
     return None if 0 < value <= 1 else f"must be > 0 and <= 1, got {value}"
 
 
-def _run_id(value: str) -> str | None:
-    return validate.token_problem(value, "a run id")
-
-
-#: Every flag that takes a value: its converter, which applies the same validators as the
-#: job-file key it overrides, and the CLUSTERDDP_* variable it falls back to (if any).
-FLAGS: dict[str, tuple[str, Callable[[str], Any], str | None]] = {
-    "nproc_per_node": ("--nproc-per-node", _nproc_value, "CLUSTERDDP_NPROC_PER_NODE"),
-    "nnodes": ("--nnodes", _checked(_integer, validate.nodes_problem), "CLUSTERDDP_NNODES"),
-    "node_rank": ("--node-rank", _checked(_integer, _node_rank), "CLUSTERDDP_NODE_RANK"),
-    "master_addr": ("--master-addr", _text(validate.host_problem), "CLUSTERDDP_MASTER_ADDR"),
-    "master_port": ("--master-port", _checked(_integer, validate.port_problem), "CLUSTERDDP_MASTER_PORT"),
-    "run_id": ("--run-id", _text(_run_id), "CLUSTERDDP_RUN_ID"),
-    "hostfile": ("--hostfile", _text(validate.path_problem), "CLUSTERDDP_HOSTFILE"),
-    "restarts": ("--restarts", _checked(_integer, validate.non_negative_problem), "CLUSTERDDP_RESTARTS"),
-    "restart_count": ("--restart-count", _checked(_integer, validate.non_negative_problem),
-                      "CLUSTERDDP_RESTART_COUNT"),
-    "workers_per_node": ("--workers-per-node", _node_workers, None),
-    "grace_period": ("--grace-period", _checked(_number, validate.seconds_problem), "CLUSTERDDP_GRACE_PERIOD"),
-    "python": ("--python", _text(validate.path_problem), "CLUSTERDDP_PYTHON"),
-    "log_dir": ("--log-dir", _text(validate.path_problem), "CLUSTERDDP_LOG_DIR"),
-    "log_ranks": ("--log-ranks", _ranks, "CLUSTERDDP_LOG_RANKS"),
-    "cpu_affinity": ("--cpu-affinity", _choice(AFFINITY_MODES), "CLUSTERDDP_CPU_AFFINITY"),
-    "heartbeat_timeout": ("--heartbeat-timeout", _checked(_number, validate.positive_seconds_problem), None),
-    "timeout": ("--timeout", _checked(_number, validate.positive_seconds_problem), None),
-    "iters": ("--iters", _checked(_integer, validate.workers_problem), None),
-    "partners": ("--partners", _checked(_integer, validate.nodes_problem), None),
-    "slow_fraction": ("--slow-fraction", _checked(_number, _fraction), None),
-    "sizes": ("--sizes", _sizes, None),
-    "job": ("JOB", _text(validate.path_problem), None),
-    "target": ("TARGET", _text(validate.path_problem), None),
+#: The value flags of the other commands (``stacks``, ``doctor``) and the positional paths:
+#: (flag, converter); the run flags' rows are ``launch.flags.RUN_FLAGS``.
+TOOL_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "timeout": ("--timeout", flags.checked(flags.number, validate.positive_seconds_problem)),
+    "iters": ("--iters", flags.checked(flags.integer, validate.workers_problem)),
+    "partners": ("--partners", flags.checked(flags.integer, validate.nodes_problem)),
+    "slow_fraction": ("--slow-fraction", flags.checked(flags.number, _fraction)),
+    "sizes": ("--sizes", _sizes),
+    "job": ("JOB", flags.text(validate.path_problem)),
+    "target": ("TARGET", flags.text(validate.path_problem)),
 }
-#: Lists of values (repeatable flags): each item passes the rule.
-LIST_FLAGS = {"include": "--include", "exclude": "--exclude"}
+
+
+def _converters() -> list[tuple[str, str, Callable[[str], Any], str | None]]:
+    """(dest, flag, converter, CLUSTERDDP_* variable) of every value flag, run flags first."""
+    rows = [(row.dest, row.name, row.convert, row.environ) for row in flags.RUN_FLAGS
+            if row.convert is not None and not row.repeat]
+    return rows + [(dest, flag, convert, None) for dest, (flag, convert) in TOOL_FLAGS.items()]
 
 
 def _typed(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
@@ -250,37 +159,47 @@ def _typed(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespa
     Defaults are never computed from the environment while the parser is built, so a bad
     ``CLUSTERDDP_NNODES`` cannot break ``--help`` or ``--version``; it fails here, naming the
     variable, only for the commands that read it."""
-    for dest, (flag, convert, variable) in FLAGS.items():
+    for dest, flag, convert, variable in _converters():
         if not hasattr(args, dest):
             continue
         raw, where = getattr(args, dest), flag
         if raw is None and variable and env.get(variable, "") != "":
             raw, where = env[variable], variable
-        if raw is None or not isinstance(raw, str):
-            continue
-        try:
-            setattr(args, dest, convert(raw))
-        except _Problem as exc:
-            raise ClusterDDPError(f"{where}: {exc}") from None
-    for dest, flag in LIST_FLAGS.items():
-        for raw in getattr(args, dest, None) or ():
-            problem = validate.path_problem(raw)
-            if problem:
-                raise ClusterDDPError(f"{flag}: {problem}")
+        if isinstance(raw, str):
+            setattr(args, dest, _convert(where, convert, raw))
+    for row in flags.RUN_FLAGS:
+        for raw in getattr(args, row.dest, None) or () if row.repeat else ():
+            _convert(row.name, row.convert or str, raw)
     limit = env.get(validate.MAX_WORKERS_ENV, "")
     if limit and validate.int_text_problem(limit, 1, 1 << 20):
         raise ClusterDDPError(f"{validate.MAX_WORKERS_ENV}: {validate.int_text_problem(limit, 1, 1 << 20)}")
     return args
 
 
-def _add_placement_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("placement (override the detected cluster environment)")
-    group.add_argument("--nproc-per-node", help="workers on this node: a number, auto, gpu or cpu")
-    group.add_argument("--nnodes")
-    group.add_argument("--node-rank")
-    group.add_argument("--master-addr")
-    group.add_argument("--master-port")
-    group.add_argument("--run-id", help="names the log dir and seeds the derived master port")
+def _convert(where: str, convert: Callable[[str], Any], raw: str) -> Any:
+    """``convert(raw)``; its problem as one line naming the flag or variable."""
+    try:
+        return convert(raw)
+    except flags.FlagProblem as exc:
+        raise ClusterDDPError(f"{where}: {exc}") from None
+
+
+def _add_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """The run flags' rows (``launch.flags.RUN_FLAGS``) as arguments, in their ``--help``
+    sections; ``env`` takes the placement ones."""
+    groups: dict[str, Any] = {}
+    for row in flags.RUN_FLAGS:
+        if command == "env" and not row.env_command:
+            continue
+        if row.group not in groups:
+            groups[row.group] = parser.add_argument_group(row.group)
+        settings: dict[str, Any] = {key: value for key, value in (("help", row.help), ("metavar", row.metavar),
+                                                                  ("default", row.default)) if value is not None}
+        if row.convert is None:
+            settings["action"] = "store_true"
+        elif row.repeat:
+            settings.update(action="append", default=[])
+        groups[row.group].add_argument(row.name, **settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,40 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start the job. 'clusterddp run --nproc-per-node 2 -- train.py --lr 0.1' "
                                      "runs a script without a job file, like torchrun.")
     run.add_argument("job", nargs="?", help="job file (jobs/*.yaml)")
-    _add_placement_flags(run)
-    ssh = run.add_argument_group("SSH fan-out")
-    ssh.add_argument("--hostfile",
-                     help="hosts to fan out to: 'host', 'host slots=N' or 'host:N' per line")
-    ssh.add_argument("--include", action="append", default=[], help="only these hosts (repeatable)")
-    ssh.add_argument("--exclude", action="append", default=[], help="not these hosts (repeatable)")
-    opts = run.add_argument_group("supervision and logs")
-    opts.add_argument("--dry-run", action="store_true", help="print ranks, commands and env; start nothing")
-    opts.add_argument("--restarts", help="restart the local group up to N times")
-    opts.add_argument("--grace-period", help="seconds between SIGTERM and SIGKILL at teardown")
-    opts.add_argument("--python", help="interpreter for the workers (default: this one)")
-    opts.add_argument("--log-dir", help="per-rank log files go to DIR/<run-id>/")
-    opts.add_argument("--log-ranks", help="show only these ranks on the console, e.g. 0,1")
-    opts.add_argument("--no-prefix", action="store_true", help="no [host rank R] prefix on console lines")
-    gpu = run.add_argument_group("devices")
-    gpu.add_argument("--cpu-affinity", help="CPUs of each worker: " + ", ".join(AFFINITY_MODES)
-                     + " (default auto: the cores of its GPU's NUMA node, or a disjoint share)")
-    gpu.add_argument("--virtual-local-rank", action="store_true",
-                     help="each worker sees only its own GPU, as device 0, with LOCAL_RANK=0 (as torchrun)")
-    internal = run.add_argument_group("used by the SSH head on remote hosts")
-    internal.add_argument("--watch-stdin", action="store_true",
-                          help="stop the workers when stdin closes or its heartbeat stops")
-    internal.add_argument("--heartbeat-timeout", default="6.0")
-    internal.add_argument("--report-json", action="store_true", help="print a CLUSTERDDP_RESULT line at the end")
-    internal.add_argument("--restart-count", metavar="K",
-                          help="this start is attempt K of a job restarted as a whole (by the SSH head or "
-                               "the batch script): no restarts of this node alone")
-    internal.add_argument("--workers-per-node", metavar="N,N,...",
-                          help="every node's workers in node-rank order; ranks are their prefix sums")
+    _add_flags(run, "run")
 
     env = sub.add_parser("env", help="show the detected cluster environment and the topology it gives")
     env.add_argument("job", nargs="?", help="job file (for nproc_per_node, master)")
     env.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_placement_flags(env)
+    _add_flags(env, "env")
 
     _add_tool_commands(sub)
     _add_scheduler_commands(sub)
@@ -411,21 +302,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
     if args.job and args.script_command:
         raise ClusterDDPError("give a job file or a command after '--', not both")
     job = load_job(args.job) if args.job else job_from_command(args.script_command)
-    changes: dict[str, object] = {"nproc_per_node": args.nproc_per_node}
-    for name in ("restarts", "grace_period", "python", "cpu_affinity"):
-        changes[name] = getattr(args, name, None)
-    changes["virtual_local_rank"] = True if getattr(args, "virtual_local_rank", False) else None
-    flags = {name: flag for name, (flag, _, _) in FLAGS.items()} | {"virtual_local_rank": "--virtual-local-rank"}
-    given = {key: flags[key] for key, value in changes.items() if value is not None}
-    logs = job.logs
-    if getattr(args, "log_dir", None):
-        logs = replace(logs, dir=args.log_dir)
-        given["logs.dir"] = "--log-dir"
-    if getattr(args, "log_ranks", None) is not None:
-        logs = replace(logs, ranks=tuple(sorted(args.log_ranks)))
-    if getattr(args, "no_prefix", False):
-        logs = replace(logs, prefix=False)
-    return job.with_overrides(logs=logs, given_by=given, **changes)
+    return flags.apply_to_job(job, vars(args))
 
 
 def options_from(cls: type[_Options], args: argparse.Namespace, **values: Any) -> _Options:
@@ -438,23 +315,28 @@ def options_from(cls: type[_Options], args: argparse.Namespace, **values: Any) -
     return cls(**values)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """``clusterddp run``'s (or ``env``'s) options, from its flags as ``_typed`` converted them."""
     from clusterddp.launch.options import RunOptions
+
+    return options_from(RunOptions, args, passed_on=flags.passed_on(vars(args)))
+
+
+def _run(args: argparse.Namespace) -> int:
     from clusterddp.launch.run import run_job
 
     job = _load(args)
-    return run_job(job, options_from(RunOptions, args), dict(os.environ))
+    return run_job(job, run_options(args), dict(os.environ))
 
 
 def _env(args: argparse.Namespace) -> int:
     from clusterddp.envs import detect, known_environments
-    from clusterddp.launch.options import RunOptions
     from clusterddp.spec import JobSpec
     from clusterddp.topology import resolve
 
     args.script_command = []
     job = _load(args) if args.job else JobSpec(name="env", script="-", nproc_per_node=args.nproc_per_node or "auto")
-    environment = detect(dict(os.environ), options_from(RunOptions, args).overrides(job if args.job else None))
+    environment = detect(dict(os.environ), run_options(args).overrides(job if args.job else None))
     placement = environment.placement()
     topology = resolve(job, placement, dict(os.environ), master_port=args.master_port, nnodes=args.nnodes)
     if args.json:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
 from clusterddp import validate
+from clusterddp.affinity import Mode as CpuAffinity
 from clusterddp.errors import JobSpecError
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import KubernetesSpec
@@ -82,7 +83,7 @@ class JobSpec:
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     #: CPUs of each worker (clusterddp.affinity): the cores of its GPU's NUMA node, split
     #: between the workers sharing it; disjoint shares on CPU-only nodes; ``none``: unbound.
-    cpu_affinity: Literal["auto", "exclusive", "node", "socket", "core-complex", "none"] = "auto"
+    cpu_affinity: CpuAffinity = "auto"
     #: As torchrun's --virtual-local-rank: each worker sees only its own GPU, as cuda:0, and
     #: LOCAL_RANK=0 (CUDA_VISIBLE_DEVICES=<its GPU>), so it cannot touch a neighbour's GPU.
     virtual_local_rank: bool = False

@@ -7,7 +7,8 @@ these records without importing each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from clusterddp.envs.base import Overrides
 from clusterddp.spec import JobSpec
@@ -31,15 +32,10 @@ class RunOptions:
     exclude: tuple[str, ...] = ()
     #: Print ranks, commands and env; start nothing.
     dry_run: bool = False
-    #: Already applied to the job; a fan-out passes them on to every remote launcher.
-    restarts: int | None = None
-    grace_period: float | None = None
-    python: str | None = None
-    log_dir: str | None = None
-    log_ranks: frozenset[int] | None = None
-    no_prefix: bool = False
-    cpu_affinity: str | None = None
-    virtual_local_rank: bool = False
+    #: The flags given that override job-file keys (``launch.flags.RUN_FLAGS`` rows marked
+    #: ``passed_on``), by name: already applied to the job; a fan-out passes them on to every
+    #: remote launcher, which reads the job file itself.
+    passed_on: Mapping[str, Any] = field(default_factory=dict)
     #: Set by the SSH head on the remote launchers: stop when stdin closes or goes silent.
     watch_stdin: bool = False
     heartbeat_timeout: float = 6.0

@@ -67,13 +67,3 @@ def test_cli_parses_scheduler_flags_into_options() -> None:
     assert scheduler_options("submit", "openpai", ["j.yaml", "--url", "https://pai", "--dry-run"]) == OpenPAIOptions(
         "submit", job="j.yaml", url="https://pai", dry_run=True)
     assert scheduler_options("render", "slurm", ["j.yaml", "-o", "f"]) == SlurmOptions("render", job="j.yaml", output="f")
-
-
-def test_device_flags_reach_every_remote_launcher() -> None:
-    """--cpu-affinity and --virtual-local-rank given to the head are passed on to each host's launcher."""
-    from clusterddp.launch.options import RunOptions
-    from clusterddp.launch.ssh.fanout import fanout_options
-
-    args = fanout_options(RunOptions(cpu_affinity="none", virtual_local_rank=True)).launcher_args
-    assert args[args.index("--cpu-affinity") + 1] == "none" and "--virtual-local-rank" in args
-    assert "--cpu-affinity" not in fanout_options(RunOptions()).launcher_args

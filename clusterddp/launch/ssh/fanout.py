@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
 from clusterddp.launch import runlock
+from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, refuse_loopback
 from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
@@ -239,23 +240,12 @@ def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]
 
 
 def fanout_options(options: RunOptions) -> FanoutOptions:
-    """FanoutOptions from ``clusterddp run``'s options; launcher flags are passed on to every host."""
-    passthrough: list[str] = []
-    for flag, value in (("--restarts", options.restarts), ("--grace-period", options.grace_period),
-                        ("--python", options.python), ("--log-dir", options.log_dir),
-                        ("--cpu-affinity", options.cpu_affinity)):
-        if value is not None:
-            passthrough += [flag, str(value)]
-    if options.log_ranks is not None:
-        passthrough += ["--log-ranks", ",".join(str(r) for r in sorted(options.log_ranks))]
-    if options.no_prefix:
-        passthrough.append("--no-prefix")
-    if options.virtual_local_rank:
-        passthrough.append("--virtual-local-rank")
+    """FanoutOptions from ``clusterddp run``'s options; the flags whose rows say so
+    (``launch.flags.RUN_FLAGS``) are passed on to every host's launcher."""
     return FanoutOptions(
         hostfile=options.hostfile, include=options.include, exclude=options.exclude,
         nproc_per_node=options.nproc_per_node, master_addr=options.master_addr, master_port=options.master_port,
-        run_id=options.run_id, dry_run=options.dry_run, launcher_args=tuple(passthrough))
+        run_id=options.run_id, dry_run=options.dry_run, launcher_args=remote_args(options.passed_on))
 
 
 def _entries(job: JobSpec, options: FanoutOptions) -> list[HostEntry]:
