@@ -147,7 +147,8 @@ TOOL_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 
 def _converters() -> list[tuple[str, str, Callable[[str], Any], str | None]]:
-    """(dest, flag, converter, CLUSTERDDP_* variable) of every value flag, run flags first."""
+    """(dest, flag, converter, CLUSTERDDP_* variable) of every value flag, run flags first; a
+    run row also checks another command's flag of its name (``doctor --hostfile``)."""
     rows = [(row.dest, row.name, row.convert, row.environ) for row in flags.RUN_FLAGS
             if row.convert is not None and not row.repeat]
     return rows + [(dest, flag, convert, None) for dest, (flag, convert) in TOOL_FLAGS.items()]
@@ -167,9 +168,10 @@ def _typed(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespa
             raw, where = env[variable], variable
         if isinstance(raw, str):
             setattr(args, dest, _convert(where, convert, raw))
-    for row in flags.RUN_FLAGS:
-        for raw in getattr(args, row.dest, None) or () if row.repeat else ():
-            _convert(row.name, row.convert or str, raw)
+    for row in flags.RUN_FLAGS:  # repeated flags (--include): each item passes the rule
+        if row.repeat and row.convert is not None:
+            for raw in getattr(args, row.dest, None) or ():
+                _convert(row.name, row.convert, raw)
     limit = env.get(validate.MAX_WORKERS_ENV, "")
     if limit and validate.int_text_problem(limit, 1, 1 << 20):
         raise ClusterDDPError(f"{validate.MAX_WORKERS_ENV}: {validate.int_text_problem(limit, 1, 1 << 20)}")
@@ -203,6 +205,7 @@ def _add_flags(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser; ``run`` and ``env`` take their flags from the rows."""
     parser = _Parser(
         prog="clusterddp",
         description="Run one PyTorch DDP job file here, over SSH, on SLURM or on OpenPAI.")
