@@ -1,8 +1,8 @@
-"""Where every worker of the job sits, and the exact env each worker gets.
+"""Where every worker of the job sits: this node's share of the world and the ranks.
 
 ``resolve`` combines what the cluster environment says (``Placement``) with the job file;
-``Topology.worker_env`` is the one function that does rank arithmetic. It emits torchrun's
-names so a torchrun script cannot tell the difference.
+``Topology`` does the rank arithmetic (torch elastic's assignment), which
+``launch.workerenv.WorkerEnv`` writes into each worker's environment under torchrun's names.
 """
 
 from __future__ import annotations
@@ -83,40 +83,10 @@ class Topology:
         first = self.first_rank(node)
         return range(first, first + self.workers_on(node))
 
-    def worker_env(self, local_rank: int, restart_count: int = 0, max_restarts: int = 0,
-                   error_file: str | None = None) -> dict[str, str]:
-        """The torchrun env contract for one worker (plus NODE_RANK and CLUSTERDDP_BACKEND).
-
-        Steps: rank = first rank of this node + local_rank; the worker group is this node,
-        so GROUP_RANK = node_rank and GROUP_WORLD_SIZE = nnodes; there is one role
-        ('default', as torchrun), so ROLE_RANK = RANK and ROLE_WORLD_SIZE = WORLD_SIZE.
-        """
-        if not 0 <= local_rank < self.nproc_per_node:
-            raise ValueError(f"local_rank {local_rank} outside 0..{self.nproc_per_node - 1}")
-        rank = self.global_rank(local_rank)
-        env = {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
-            "GROUP_RANK": str(self.node_rank),
-            "GROUP_WORLD_SIZE": str(self.nnodes),
-            "ROLE_RANK": str(rank),
-            "ROLE_NAME": "default",
-            "ROLE_WORLD_SIZE": str(self.world_size),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            "TORCHELASTIC_RUN_ID": self.run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(STOP_SIGNAL_NAMES),
-            "NODE_RANK": str(self.node_rank),
-            "CLUSTERDDP_BACKEND": self.backend,
-        }
-        if error_file is not None:
-            env["TORCHELASTIC_ERROR_FILE"] = error_file
-        return env
+    @property
+    def first_attempt(self) -> int:
+        """TORCHELASTIC_RESTART_COUNT of this launcher's first start of its workers."""
+        return self.restart_count or 0
 
 
 def derive_port(run_id: str) -> int:

@@ -42,7 +42,7 @@ def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
         # Restarted as a whole from outside (--restart-count, OpenPAI's job retry): this
         # node alone never restarts, its peers would not come back with it.
         restarts=job.restarts if topology.restart_count is None else 0,
-        first_attempt=topology.restart_count or 0,
+        first_attempt=topology.first_attempt,
         forward_signals=tuple(getattr(signal, name) for name in job.forward_signals),
         console_ranks=frozenset(job.logs.ranks) if job.logs.ranks is not None else None,
         prefix=job.logs.prefix,

@@ -15,9 +15,9 @@ from clusterddp import affinity
 from clusterddp.devices import GpuInventory, cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
 from clusterddp.launch import bootstrap
+from clusterddp.launch.workerenv import WorkerEnv
 from clusterddp.launch.workers import WorkerPlan
 from clusterddp.spec import JobSpec
-from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV
 from clusterddp.topology import Topology
 from clusterddp.validate import exec_size_problem, shown
 
@@ -33,20 +33,12 @@ def run_dir(job: JobSpec, topology: Topology, cwd: str) -> str:
 
 
 def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], cwd: str) -> list[WorkerPlan]:
-    """One WorkerPlan per local rank.
-
-    Env layering, later wins: the launcher's env, then defaults (OMP_NUM_THREADS = cores /
-    workers, PYTHONUNBUFFERED) only where unset, then the job's ``env:``, then the torchrun
-    contract (a job cannot accidentally override RANK or MASTER_ADDR).
-    """
+    """One WorkerPlan per local rank, its environment's inputs in a ``WorkerEnv`` (whose
+    ``build`` is the one writer of a worker's variables)."""
     workdir = os.path.abspath(os.path.join(cwd, job.workdir)) if job.workdir else cwd
     logs = run_dir(job, topology, cwd)
     argv = (interpreter(job), *bootstrap.command(), *job.entry_argv())
-    defaults = {
-        "OMP_NUM_THREADS": str(max(1, cpu_count() // topology.nproc_per_node)),
-        "PYTHONUNBUFFERED": "1",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # as torchrun: a dead peer raises, not hangs
-    }
+    share = max(1, cpu_count() // topology.nproc_per_node)
     gpus = worker_gpus(job, topology, base_env)  # one look at the GPUs for every worker
     binding = cpu_binding(job, topology, gpus)
     plans = []
@@ -54,17 +46,11 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
         rank = topology.global_rank(local_rank)
         cpus = binding.cpus[local_rank]
         error_file = os.path.join(logs, f"rank{rank}.error.json")
-        env = dict(base_env)
-        env[STACKS_FILE_ENV] = os.path.join(logs, f"rank{rank}.stacks")
-        env[HEARTBEAT_FILE_ENV] = os.path.join(logs, f"rank{rank}.heartbeat")
-        for key, value in defaults.items():
-            env.setdefault(key, value)
-        if cpus is not None and "OMP_NUM_THREADS" not in base_env:
-            env["OMP_NUM_THREADS"] = str(len(cpus))  # one thread per CPU of its own
-        env.update(job.env)
-        env.update(topology.worker_env(local_rank, topology.restart_count or 0, job.restarts, error_file))
-        if job.virtual_local_rank:
-            env.update(virtual_device_env(job, local_rank, gpus))
+        env = WorkerEnv(topology, local_rank, launcher=base_env, job=job.env, max_restarts=job.restarts,
+                        threads=share if cpus is None else len(cpus),  # one thread per CPU of its own
+                        error_file=error_file, stacks_file=os.path.join(logs, f"rank{rank}.stacks"),
+                        heartbeat_file=os.path.join(logs, f"rank{rank}.heartbeat"),
+                        device=virtual_device(job, local_rank, gpus) if job.virtual_local_rank else None)
         plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir,
                                 log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file,
                                 cpus=cpus))
@@ -88,17 +74,17 @@ def cpu_binding(job: JobSpec, topology: Topology, gpus: GpuInventory) -> affinit
     return affinity.plan_binding(job.cpu_affinity, topology.nproc_per_node, affinity.read_topology(), near_gpu)
 
 
-def virtual_device_env(job: JobSpec, local_rank: int, gpus: GpuInventory) -> dict[str, str]:
+def virtual_device(job: JobSpec, local_rank: int, gpus: GpuInventory) -> str:
     """torchrun's --virtual-local-rank: the worker sees only its GPU, as device 0.
 
-    The GPU is the ``local_rank``-th entry of the launcher's CUDA_VISIBLE_DEVICES (an index,
-    a UUID or a MIG id, passed on as written), or of nvidia-smi's list when that is unset.
+    Its CUDA_VISIBLE_DEVICES: the ``local_rank``-th entry of the launcher's (an index, a UUID or
+    a MIG id, passed on as written), or of nvidia-smi's list when that is unset.
     """
     if local_rank >= gpus.count:
         raise LaunchError(f"{job.where('virtual_local_rank')}: local rank {local_rank} has no GPU of its own: "
                           f"this node has {gpus.count} visible GPU(s) ({gpus.source})",
                           "one worker per GPU (nproc_per_node: auto), or drop virtual_local_rank")
-    return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": gpus.gpus[local_rank].entry}
+    return gpus.gpus[local_rank].entry
 
 
 def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
@@ -116,7 +102,7 @@ def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
         if not os.path.isfile(script):
             raise LaunchError(f"{job.where('script')}: no such file: {shown(script, 200)}")
     for plan in plans:
-        problem = exec_size_problem(plan.argv, plan.env)
+        problem = exec_size_problem(plan.argv, plan.env.build(0))
         if problem:
             key = "args" if problem.startswith("argument ") else "env"
             raise LaunchError(f"{job.where(key)}: the worker cannot be started: {problem}")
@@ -126,7 +112,7 @@ def check_runnable(job: JobSpec, plans: list[WorkerPlan]) -> None:
 def _check_interpreter(job: JobSpec, plan: WorkerPlan) -> None:
     python = plan.argv[0]
     if os.sep not in python:
-        found = shutil.which(python, path=plan.env.get("PATH", os.defpath))
+        found = shutil.which(python, path=plan.env.build(0).get("PATH", os.defpath))
         if found is None:
             raise LaunchError(f"{job.where('python')}: {shown(python)} is not on the workers' PATH",
                               "give a path, or a name found on PATH")
@@ -161,7 +147,8 @@ def prepare_logs(plans: list[WorkerPlan], keep: bool = False) -> None:
 
 
 def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base_env: Mapping[str, str]) -> str:
-    """The topology table and, per worker, argv and the env that differs from the launcher's."""
+    """The topology table and, per worker, argv and the env that differs from the launcher's:
+    what ``WorkerEnv.build`` writes for the first start (all but the launcher's marker)."""
     lines = [
         f"job {job.name}: {topology.nnodes} node(s) x {_workers_text(topology)} = "
         f"world size {topology.world_size}, backend {topology.backend}",
@@ -189,9 +176,10 @@ def dry_run_text(job: JobSpec, topology: Topology, plans: list[WorkerPlan], base
         lines.append("  argv: " + shlex.join(plan.argv))
         lines.append(f"  log:  {plan.log}")
         lines.append("  cpus: " + ("not bound" if plan.cpus is None else affinity.format_cpulist(plan.cpus)))
-        for key in sorted(plan.env):
-            if base_env.get(key) != plan.env[key]:
-                lines.append(f"  {key}={plan.env[key]}")
+        env = plan.env.build(topology.first_attempt)
+        for key in sorted(env):
+            if base_env.get(key) != env[key]:
+                lines.append(f"  {key}={env[key]}")
     return "\n".join(lines)
 
 

@@ -38,8 +38,9 @@ class SupervisorOptions:
     job_name: str
     grace_period: float = 5.0
     restarts: int = 0
-    #: TORCHELASTIC_RESTART_COUNT of the first start: the attempt of a job restarted as a
-    #: whole by the SSH head or the batch script (``--restart-count``).
+    #: The attempt number of the first start (its workers' TORCHELASTIC_RESTART_COUNT): the
+    #: attempt of a job restarted as a whole by the SSH head or the batch script
+    #: (``--restart-count``); each local restart adds one. Passed to the worker group as is.
     first_attempt: int = 0
     forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     console_ranks: frozenset[int] | None = None

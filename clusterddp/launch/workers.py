@@ -23,7 +23,8 @@ from clusterddp.launch.cgroup import JobCgroup
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.reaper import Reaper
 from clusterddp.launch.report import WorkerExit, read_error_file
-from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV, restart_marker
+from clusterddp.launch.workerenv import WorkerEnv
+from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, restart_marker
 
 #: Teardown ends at most this long after the grace period that follows the first SIGTERM
 #: (everything SIGKILLed, reaped, the cgroup removed, the pipes drained).
@@ -37,7 +38,8 @@ class WorkerPlan:
     local_rank: int
     rank: int
     argv: tuple[str, ...]
-    env: Mapping[str, str]
+    #: What its environment is made of; ``env.build(attempt, marker)`` is the only writer.
+    env: WorkerEnv
     cwd: str
     log: str
     error_file: str
@@ -64,6 +66,8 @@ class RankState:
 @dataclass
 class Worker:
     plan: WorkerPlan
+    #: The environment it was started with, as ``WorkerEnv.build`` wrote it.
+    env: Mapping[str, str]
     proc: subprocess.Popen[bytes]
     output: WorkerOutput
     pgid: int
@@ -136,12 +140,11 @@ class WorkerGroup:
         self.workers = []
 
     def start(self, plan: WorkerPlan, attempt: int) -> None:
-        """Start one worker of this attempt (its stale error file removed, its output pumped)."""
+        """Start one worker of this attempt (its stale error file removed, its output pumped),
+        with the environment its plan builds for ``attempt`` and this group's marker."""
         if self._reaper is None:
             raise RuntimeError("WorkerGroup.start before open()")
-        env = dict(plan.env)
-        env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
-        env[SUPERVISOR_ID_ENV] = self.marker
+        env = plan.env.build(attempt, self.marker)
         stale = not _remove_error_file(plan.error_file)
         if attempt > 0:
             _mark_attempt(plan.log, attempt)
@@ -149,7 +152,7 @@ class WorkerGroup:
         proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
         self._reaper.watch(proc.pid)
         output.pump(proc.stdout, proc.stderr)
-        self.workers.append(Worker(plan=plan, proc=proc, output=output, pgid=proc.pid, stale_error_file=stale))
+        self.workers.append(Worker(plan=plan, env=env, proc=proc, output=output, pgid=proc.pid, stale_error_file=stale))
 
     def poll(self) -> list[WorkerExit]:
         """Record the exits that happened since the last poll; return the failures among them."""
@@ -173,8 +176,8 @@ class WorkerGroup:
     def states(self) -> list[RankState]:
         return [RankState(rank=w.plan.rank, pid=w.proc.pid, running=w.proc.poll() is None,
                           exited=w.exit is not None, last_line_at=w.output.last_line_at,
-                          stacks_file=w.plan.env.get(STACKS_FILE_ENV),
-                          heartbeat_file=w.plan.env.get(HEARTBEAT_FILE_ENV)) for w in self.workers]
+                          stacks_file=w.env.get(STACKS_FILE_ENV),
+                          heartbeat_file=w.env.get(HEARTBEAT_FILE_ENV)) for w in self.workers]
 
     def signal_workers(self, signum: int) -> None:
         """``signum`` to each live worker process only, not its group: SIGUSR1's default

@@ -87,6 +87,7 @@ SUPERVISE = textwrap.dedent("""
     import json, sys
     from clusterddp.launch.diagnostics import DiagnosticHooks
     from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
+    from clusterddp.launch.workerenv import WorkerEnv
     from clusterddp.launch.workers import WorkerPlan
     from clusterddp.topology import Topology
 
@@ -104,7 +105,7 @@ SUPERVISE = textwrap.dedent("""
     topo = Topology(env="local", nnodes=1, node_rank=0, nproc_per_node=2, master_addr="127.0.0.1",
                     master_port=29500, run_id="t", backend="gloo", host="testhost")
     plans = [WorkerPlan(local_rank=r, rank=r, argv=(sys.executable, sys.argv[3], out),
-                        env={"RANK": str(r), "PATH": "/usr/bin:/bin"}, cwd=out,
+                        env=WorkerEnv(topo, r, launcher={"PATH": "/usr/bin:/bin"}), cwd=out,
                         log=f"{out}/rank{r}.log", error_file=f"{out}/rank{r}.err") for r in range(2)]
     sys.exit(LocalSupervisor(topo, plans, SupervisorOptions(job_name="t", grace_period=1), hooks).run())
 """)

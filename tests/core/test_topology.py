@@ -7,6 +7,7 @@ import pytest
 from clusterddp.envs import Overrides, detect
 from clusterddp.envs.base import Placement
 from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.launch.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import PORT_BASE, PORT_SPAN, derive_port, resolve
 
@@ -25,15 +26,16 @@ def _topology(nnodes: int, node_rank: int, nproc: int):  # type: ignore[no-untyp
 @pytest.mark.parametrize("nnodes,nproc", [(1, 1), (1, 4), (2, 2), (8, 8), (3, 5)])
 def test_global_ranks_cover_the_world_once(nnodes: int, nproc: int) -> None:
     """global rank = node_rank * nproc + local_rank covers 0..world-1 exactly once."""
-    ranks = [_topology(nnodes, n, nproc).worker_env(l)["RANK"] for n in range(nnodes) for l in range(nproc)]
+    ranks = [WorkerEnv(_topology(nnodes, n, nproc), l).build(0)["RANK"] for n in range(nnodes) for l in range(nproc)]
     assert sorted(int(r) for r in ranks) == list(range(nnodes * nproc))
 
 
 def test_worker_env_has_exactly_torchruns_names() -> None:
-    """The contract has torchrun's names plus NODE_RANK and CLUSTERDDP_BACKEND, nothing missing."""
-    env = _topology(2, 1, 4).worker_env(3, restart_count=1, max_restarts=2, error_file="/tmp/e.json")
+    """A worker's env has torchrun's names plus NODE_RANK, CLUSTERDDP_BACKEND and the defaults, nothing missing."""
+    env = WorkerEnv(_topology(2, 1, 4), 3, max_restarts=2, error_file="/tmp/e.json").build(1)
     assert TORCHRUN_NAMES <= set(env)
-    assert set(env) - TORCHRUN_NAMES == {"NODE_RANK", "CLUSTERDDP_BACKEND"}
+    assert set(env) - TORCHRUN_NAMES == {"NODE_RANK", "CLUSTERDDP_BACKEND", "OMP_NUM_THREADS", "PYTHONUNBUFFERED",
+                                         "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
     assert env["RANK"] == "7" and env["GROUP_RANK"] == "1" and env["WORLD_SIZE"] == "8"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "2"
 
@@ -41,7 +43,7 @@ def test_worker_env_has_exactly_torchruns_names() -> None:
 def test_local_rank_outside_node_is_rejected() -> None:
     """Asking for a local rank the node does not have is a programming error, caught."""
     with pytest.raises(ValueError):
-        _topology(1, 0, 2).worker_env(2)
+        WorkerEnv(_topology(1, 0, 2), 2).build(0)
 
 
 def test_derived_port_is_deterministic_and_in_range() -> None:
@@ -150,7 +152,7 @@ def test_uneven_nodes_rank_by_prefix_sums(layout: tuple[int, ...]) -> None:
         assert topo.world_size == sum(layout)
         assert topo.node_ranks().start == sum(layout[:node_rank])
         for local_rank in range(workers):
-            env = topo.worker_env(local_rank)
+            env = WorkerEnv(topo, local_rank).build(0)
             seen.append(int(env["RANK"]))
             assert env["LOCAL_WORLD_SIZE"] == str(workers) and env["GROUP_RANK"] == str(node_rank)
             assert env["WORLD_SIZE"] == str(sum(layout)) and env["GROUP_WORLD_SIZE"] == str(len(layout))

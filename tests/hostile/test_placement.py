@@ -16,6 +16,7 @@ import pytest
 from clusterddp.envs import Overrides, detect
 from clusterddp.envs.slurm import SlurmEnv
 from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.launch.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port, resolve
 from clusterddp.validate import MAX_NODES, as_token
@@ -77,7 +78,7 @@ def test_a_worker_calling_clusterddp_again_keeps_its_placement() -> None:
     job = JobSpec(name="j", script="t.py", nproc_per_node=2)
     outer = resolve(job, detect({}, Overrides(nnodes=3, node_rank=1, master_addr="10.0.0.5",
                                               master_port=29500)).placement(), {})
-    worker = {**KUBEFLOW_V1, **ELASTIC, **outer.worker_env(1)}
+    worker = {**KUBEFLOW_V1, **ELASTIC, **WorkerEnv(outer, 1).build(0)}
     placement = detect(worker).placement()
     assert (placement.env, placement.nnodes, placement.node_rank) == ("torchrun", 3, 1)
     assert (placement.master_addr, placement.master_port, placement.nproc_per_node) == ("10.0.0.5", 29500, 2)

@@ -18,6 +18,7 @@ import yaml
 from clusterddp.devices import cgroup_cpu_limit, cpu_count
 from clusterddp.envs import Overrides, detect
 from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.launch.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import resolve
 from tests.conftest import REPO, cli, cli_env, write_job
@@ -92,7 +93,8 @@ def test_a_number_in_the_job_file_wins_over_the_word() -> None:
 def test_a_worker_in_a_trainjob_pod_is_placed_by_its_agent() -> None:
     """A worker inherits the pod's PET_*; its agent's GROUP_RANK places it (torchrun), never as a new pod."""
     pod = trainjob_pod("t", 2, 1, "2")
-    worker = resolve(JobSpec(name="j", script="t.py", nproc_per_node=2), detect(pod).placement(), pod).worker_env(1)
+    topology = resolve(JobSpec(name="j", script="t.py", nproc_per_node=2), detect(pod).placement(), pod)
+    worker = WorkerEnv(topology, 1).build(0)
     placement = detect({**pod, **worker}).placement()
     assert (placement.env, placement.node_rank, placement.nnodes) == ("torchrun", 1, 2)
 

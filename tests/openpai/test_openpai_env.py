@@ -274,10 +274,11 @@ def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Pat
     topology, _ = resolve_here(job, Overrides(job=job), env)
     assert topology.restart_count == 2
     plans = planning.worker_plans(job, topology, env, str(tmp_path))
-    assert [(p.env["RANK"], p.env["TORCHELASTIC_RESTART_COUNT"], p.env["TORCHELASTIC_MAX_RESTARTS"])
-            for p in plans] == [("2", "2", "3"), ("3", "2", "3")]
     supervision = supervisor_options(job, topology, RunOptions())
     assert (supervision.restarts, supervision.first_attempt) == (0, 2)
+    envs = [p.env.build(supervision.first_attempt) for p in plans]
+    assert [(e["RANK"], e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"])
+            for e in envs] == [("2", "2", "3"), ("3", "2", "3")]
     flagged, _ = resolve_here(job, Overrides(job=job), env, restart_count=5)
     assert supervisor_options(job, flagged, RunOptions()).first_attempt == 5
 

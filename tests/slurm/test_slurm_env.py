@@ -7,6 +7,7 @@ import pytest
 from clusterddp.envs import Overrides, detect
 from clusterddp.envs.slurm import SlurmEnv
 from clusterddp.errors import EnvironmentDetectionError
+from clusterddp.launch.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port, resolve
 
@@ -189,7 +190,7 @@ def test_topology_derives_the_same_port_on_every_node() -> None:
                     {"CUDA_VISIBLE_DEVICES": ""}) for n in (0, 1)]
     assert {(t.master_addr, t.master_port) for t in tops} == {("n1", derive_port("42"))}
     assert [list(t.node_ranks()) for t in tops] == [[0, 1], [2, 3]]
-    assert tops[1].worker_env(1)["RANK"] == "3" and tops[1].worker_env(1)["WORLD_SIZE"] == "4"
+    assert WorkerEnv(tops[1], 1).build(0)["RANK"] == "3" and WorkerEnv(tops[1], 1).build(0)["WORLD_SIZE"] == "4"
 
 
 def test_master_port_from_the_environment_wins() -> None:
