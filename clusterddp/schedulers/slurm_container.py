@@ -15,7 +15,8 @@ Per runtime (docs/containers.md):
   each node hands exactly the named variables in as ``APPTAINERENV_NAME`` (values are never
   split at ',' as ``--env`` would split them).
 - oci: ``srun --container=BUNDLE``; SLURM 22.05 runs one task per node and gives it no
-  per-task variables (no SLURM_NODEID): the launcher places itself from the step's node list
+  per-task variables of its own: those it has are the batch shell's (SLURM_NODEID=0 on every
+  node), so ``env -u`` clears them and the launcher places itself from the step's node list
   and its host name (clusterddp.envs.slurm). Mounts live in the bundle's config.json.
 
 Before the launcher, ``env -u`` clears the torchrun names (RANK, WORLD_SIZE...) that pyxis or
@@ -50,6 +51,13 @@ LAUNCHER_VARIABLES: tuple[str, ...] = tuple(sorted({
 #: torchrun's per-worker names that pyxis (RANK, LOCAL_RANK) and enroot's pytorch hook
 #: (WORLD_SIZE) set for one task per GPU; with one launcher per node they would be wrong.
 CLEARED_VARIABLES = ("GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "RANK", "WORLD_SIZE")
+#: SLURM's per-task variables. 22.05's OCI support writes only the step's environment into the
+#: container, and that is srun's: inherited from the batch shell, which runs on the first node,
+#: so SLURM_NODEID=0 and SLURMD_NODENAME=<first node> arrive on every node (found under the
+#: test bed: every launcher took node rank 0). Cleared for oci, so the launcher places itself
+#: by its host name in SLURM_STEP_NODELIST.
+BATCH_TASK_VARIABLES = ("SLURMD_NODENAME", "SLURM_GTIDS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_PROCID",
+                        "SLURM_TASK_PID")
 #: Apptainer: each named host variable becomes APPTAINERENV_NAME, which --cleanenv keeps.
 APPTAINER_SHIM = ('while [ "$1" != -- ]; do if [ -n "${!1+x}" ]; then export "APPTAINERENV_$1=${!1}"; fi; '
                   'shift; done; shift; exec "$@"')
@@ -94,7 +102,8 @@ def container_step(job: JobSpec, job_path: str, where: str, python: str | None, 
             raise q.fail(where, "container.mounts", "SLURM's OCI runtime takes mounts from the bundle's config.json",
                          "add them to the bundle's 'mounts' (docs/containers.md)")
         options = [shlex.quote(f"--container={image}")]
-        inner = ["env", f"--chdir={shlex.quote(work)}", *inner[1:]]
+        stale = [f"-u {n}" for n in BATCH_TASK_VARIABLES if n not in job.env and n not in spec.env]
+        inner = ["env", f"--chdir={shlex.quote(work)}", *inner[1:-4], *stale, *inner[-4:]]
         launcher = inner
     else:
         mounts = _mounts(job, where, job_dir, work, pyz)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp.schedulers.slurm import render_sbatch
-from clusterddp.schedulers.slurm_container import CLEARED_VARIABLES
+from clusterddp.schedulers.slurm_container import BATCH_TASK_VARIABLES, CLEARED_VARIABLES
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port
@@ -61,7 +61,8 @@ def test_step_options_and_host_side_master(runtime: str, stubs: Path, tmp_path: 
     argv, env = recorded(tmp_path, "srun")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("n1", str(derive_port("7")))
     tail = [*(["env", f"--chdir={tmp_path}"] if runtime == "oci" else ["env"]),
-            *[w for n in CLEARED_VARIABLES for w in ("-u", n)], "python3", str(tmp_path / "c.pyz"), "run", job_path,
+            *[w for n in CLEARED_VARIABLES for w in ("-u", n)],
+            *[w for n in (BATCH_TASK_VARIABLES if runtime == "oci" else ()) for w in ("-u", n)], "python3", str(tmp_path / "c.pyz"), "run", job_path,
             "--restart-count", "0"]
     assert argv[-len(tail):] == tail
     mounts = f"/datasets:/data:ro,{tmp_path}:{tmp_path}"
