@@ -294,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start the job. 'clusterddp run --nproc-per-node 2 -- train.py --lr 0.1' "
                                      "runs a script without a job file, like torchrun.")
     run.add_argument("job", nargs="?", help="job file (jobs/*.yaml)")
+    run.add_argument("--job-dir", metavar="DIR", help="where the job file's relative paths start (default: its "
+                     "directory; a Kubernetes pod's job file comes from a ConfigMap)")
     _add_placement_flags(run)
     ssh = run.add_argument_group("SSH fan-out")
     ssh.add_argument("--hostfile",
@@ -410,7 +412,10 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
     if args.job and args.script_command:
         raise ClusterDDPError("give a job file or a command after '--', not both")
-    job = load_job(args.job) if args.job else job_from_command(args.script_command)
+    job_dir = getattr(args, "job_dir", None)
+    if job_dir is not None and (not args.job or getattr(args, "hostfile", None)):
+        raise ClusterDDPError("--job-dir needs a job file and runs one node (the SSH fan-out sends the file's own path)")
+    job = load_job(args.job, job_dir) if args.job else job_from_command(args.script_command)
     changes: dict[str, object] = {"nproc_per_node": args.nproc_per_node}
     for name in ("restarts", "grace_period", "python", "cpu_affinity"):
         changes[name] = getattr(args, name, None)
