@@ -17,7 +17,7 @@ import yaml
 from clusterddp import __version__, pack
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NONFINITE_LOSS, PREEMPTED
-from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_manifest
+from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_manifest, render_objects
 from clusterddp.sections import k8s_names
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import FLAVORS
@@ -347,3 +347,57 @@ def test_workdir_is_the_working_directory() -> None:
     master = render_manifest(job, "jobs/x.yaml", "pytorchjob")["spec"]["pytorchReplicaSpecs"]["Master"]
     assert master["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/project"
     assert "container.workdir: a TrainJob cannot set the container's workingDir" in _refusal(job, "trainjob")
+
+
+#: ConfigMap keys (apimachinery IsConfigMapKey) and the API server's 1 MiB on the values (ValidateConfigMap).
+CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+@pytest.mark.parametrize("name", [*FIXTURES, "cifar10"])
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_configmap_holds_the_job_file_and_the_packed_launcher(name: str, flavor: str) -> None:
+    """The first document is a v1 ConfigMap the API server accepts (keys [-._a-zA-Z0-9]+, values
+    within 1 MiB, a DNS-1123 name): the job file's text and exactly pack's zipapp; the pod mounts
+    it read-only and its command runs that zipapp on that file."""
+    job, path = (load_job(REPO / "jobs" / "cifar10.yaml"), "jobs/cifar10.yaml") if name == "cifar10" else fixture(name)
+    configmap, obj = render_objects(job, path, flavor)
+    assert (configmap["apiVersion"], configmap["kind"], configmap["immutable"]) == ("v1", "ConfigMap", True)
+    assert set(configmap) == {"apiVersion", "kind", "metadata", "immutable", "data", "binaryData"}
+    assert k8s_names.subdomain_problem(configmap["metadata"]["name"]) is None
+    assert configmap["metadata"].get("namespace") == obj["metadata"].get("namespace")
+    keys = [*configmap["data"], *configmap["binaryData"]]
+    assert keys == ["job.yaml", "clusterddp.pyz"] and all(CONFIGMAP_KEY.fullmatch(k) and len(k) <= 253 for k in keys)
+    pyz = base64.b64decode(configmap["binaryData"]["clusterddp.pyz"], validate=True)
+    assert pyz == pack.archive_bytes() and configmap["data"]["job.yaml"] == Path(str(job.source)).read_text()
+    assert len(pyz) + len(configmap["data"]["job.yaml"].encode()) <= 1024 * 1024
+    text = yaml.safe_dump(obj)
+    assert f"name: {configmap['metadata']['name']}" in text and "mountPath: /etc/clusterddp\n" in text
+    assert "readOnly: true" in text
+    command = obj["spec"]["trainer"]["command"] if flavor == "trainjob" else re.findall(r"command:\n((?:\s+- .*\n)+)", text)
+    assert "/etc/clusterddp/clusterddp.pyz" in str(command) and f"/etc/clusterddp/{Path(path).name}" in str(command)
+
+
+def test_render_is_deterministic() -> None:
+    """Two renders are byte-identical, and so are two packs built from scratch (no cache)."""
+    job, path = fixture("full")
+    assert render_kubernetes(job, path, "jobset") == render_kubernetes(job, path, "jobset")
+    assert pack.archive_bytes.__wrapped__() == pack.archive_bytes.__wrapped__()
+
+
+def test_configmap_over_one_mib_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher that would not fit a ConfigMap's 1 MiB is one line naming kubernetes.launcher."""
+    monkeypatch.setattr(pack, "archive_bytes", lambda: b"x" * (1024 * 1024))
+    job, _ = fixture("minimal")
+    with pytest.raises(JobSpecError) as info:
+        render_objects(job, "jobs/x.yaml", "jobset")
+    assert "kubernetes.launcher: the job file and the launcher are " in str(info.value)
+    assert "over a ConfigMap's 1048576" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_launcher_image_renders_one_object() -> None:
+    """kubernetes.launcher: image: no ConfigMap, the image's own 'clusterddp run JOB_PATH', no volume of ours."""
+    job, path = fixture("minimal")
+    job = replace(job, kubernetes=replace(job.kubernetes, launcher="image"))
+    (obj,) = render_objects(job, path, "trainjob")
+    assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path]
+    assert "clusterddp" not in str(obj.get("spec", {}).get("runtimePatches", ""))
