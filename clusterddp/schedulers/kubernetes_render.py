@@ -89,11 +89,22 @@ def _object(job: JobSpec, job_path: str, flavor: str | None) -> tuple[dict[str, 
 def render_kubernetes(job: JobSpec, job_path: str, flavor: str | None = None) -> str:
     """The manifest as a YAML stream (one document per object), after one comment line saying
     where it came from."""
+    header, documents = render_documents(job, job_path, flavor)
+    return header + "".join(text for _, text in documents)
+
+
+def render_documents(job: JobSpec, job_path: str, flavor: str | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """The header comment line, and each object as (``kind/name`` as kubectl deletes it, its
+    YAML document): ``submit`` creates them one by one, so it can undo a half-done create."""
     where = q.place(job.source, job_path)
-    header = q.comment_text(job_path, where, "job file path")
-    body = yaml.dump_all(render_objects(job, job_path, flavor), Dumper=_PlainDumper, sort_keys=False,
-                         default_flow_style=False, allow_unicode=False, width=1 << 16, explicit_start=True)
-    return f"# Rendered by clusterddp {__version__} from {header}: kubectl create -f <this file>\n{body}"
+    header = f"# Rendered by clusterddp {__version__} from {q.comment_text(job_path, where, 'job file path')}: " \
+             "kubectl create -f <this file>\n"
+    documents = []
+    for obj in render_objects(job, job_path, flavor):
+        text = yaml.dump(obj, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False, allow_unicode=False,
+                         width=1 << 16, explicit_start=True)
+        documents.append((f"{obj['kind'].lower()}/{obj['metadata']['name']}", text))
+    return header, documents
 
 
 class _PlainDumper(yaml.SafeDumper):
