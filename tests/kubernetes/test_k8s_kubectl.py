@@ -177,3 +177,17 @@ def test_render_writes_the_manifest(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout == "", done.stderr
     assert [d["kind"] for d in yaml.safe_load_all(out.read_text(encoding="utf-8"))] == ["ConfigMap", "JobSet"]
     assert f"kubectl create -f {out}" in done.stderr
+
+
+def test_job_dir_resolves_the_scripts_path_as_in_the_checkout(tmp_path: Path) -> None:
+    """The pod's command: 'run /etc/clusterddp/cifar10.yaml --job-dir jobs' finds script cifar10.py at
+    jobs/cifar10.py of the working directory; without --job-dir, beside the job file (not there)."""
+    copy = tmp_path / "cifar10.yaml"
+    copy.write_text((REPO / JOB).read_text(encoding="utf-8"), encoding="utf-8")
+    env = cli_env(PYTHONPATH=str(REPO))
+    found = subprocess.run([sys.executable, "-m", "clusterddp", "run", "--dry-run", str(copy), "--job-dir", "jobs"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0 and str(REPO / "jobs" / "cifar10.py") in found.stdout, found.stderr
+    missing = subprocess.run([sys.executable, "-m", "clusterddp", "run", "--dry-run", str(copy)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and f"{copy}:10: script: no such file" in missing.stderr, missing.stderr
