@@ -304,7 +304,10 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
     if args.job and args.script_command:
         raise ClusterDDPError("give a job file or a command after '--', not both")
-    job = load_job(args.job) if args.job else job_from_command(args.script_command)
+    job_dir = getattr(args, "job_dir", None)
+    if job_dir is not None and (not args.job or getattr(args, "hostfile", None)):
+        raise ClusterDDPError("--job-dir needs a job file and runs one node (the SSH fan-out sends the file's own path)")
+    job = load_job(args.job, job_dir) if args.job else job_from_command(args.script_command)
     return flags.apply_to_job(job, vars(args))
 
 

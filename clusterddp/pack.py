@@ -15,6 +15,7 @@ python cannot run by a path inside a zip.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import zipfile
@@ -26,6 +27,7 @@ import yaml
 import clusterddp
 import clusterddp.templates
 from clusterddp.atomicfile import write_atomically
+from clusterddp.errors import ClusterDDPError
 
 #: The pyz's first argument that makes it a worker's bootstrap instead of the CLI.
 BOOTSTRAP_ARG = "--clusterddp-bootstrap"  # clusterddp.launch.bootstrap.ZIPAPP_ARG
@@ -85,8 +87,10 @@ def yaml_license() -> bytes | None:
     return None
 
 
-def build(output: str) -> int:
-    """Write the zipapp to ``output`` (atomically, executable); its size in bytes."""
+@functools.lru_cache(maxsize=1)
+def archive_bytes() -> bytes:
+    """The zipapp's bytes: the same sources give the same bytes (a rendered Kubernetes
+    ConfigMap holds them, and renders are compared byte for byte). Cached: one per process."""
     buffer = io.BytesIO()
     buffer.write(SHEBANG)  # before the zip, as zipapp writes it: the offsets then count it
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -96,12 +100,23 @@ def build(output: str) -> int:
             info.external_attr = 0o644 << 16
             archive.writestr(info, data)
         add("__main__.py", MAIN.encode("utf-8"))
+        names = []
         for name, path in package_files():
             add(name, path.read_bytes())
+            names.append(name)
         license_text = yaml_license()
         if license_text is not None:
             add("licenses/PyYAML.txt", license_text)
     data = buffer.getvalue()
+    if "clusterddp/cli.py" not in names:
+        raise ClusterDDPError("cannot pack the launcher: clusterddp's sources are not files here "
+                              f"({Path(clusterddp.__file__).parent}); run clusterddp from a checkout or an install")
+    return data
+
+
+def build(output: str) -> int:
+    """Write the zipapp to ``output`` (atomically, executable); its size in bytes."""
+    data = archive_bytes()
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     write_atomically(output, data, mode=0o755)
     return len(data)

@@ -176,11 +176,13 @@ class JobSpec:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def load_job(path: str | os.PathLike[str]) -> JobSpec:
+def load_job(path: str | os.PathLike[str], job_dir: str | None = None) -> JobSpec:
     """Read, validate and type one job file; raise JobSpecError naming file:line: key.
 
     The file is read through ``validate.read_small_file`` (a regular file of at most
-    MAX_JOB_FILE_BYTES), so /dev/zero, a FIFO or a directory is one line, not a hang."""
+    MAX_JOB_FILE_BYTES), so /dev/zero, a FIFO or a directory is one line, not a hang.
+    ``job_dir`` is where relative paths start instead of the file's own directory: a
+    Kubernetes pod reads the job file from a ConfigMap, away from the checkout it names."""
     where = str(path)
     if validate.control_problem(where) or len(where) > 4096:
         raise JobSpecError(shown(where), None, "", "the job file's path " +
@@ -197,7 +199,7 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
         raise JobSpecError(where, _line_of(node, "container"), "container.image", "missing: a container needs an image",
                            "add 'image:' (a registry image, a squashfs/SIF file, or an OCI bundle directory)")
     name = spec.name if "name" in _keys(node) else _default_name(where)
-    base_dir = os.path.dirname(os.path.abspath(where))
+    base_dir = os.path.abspath(job_dir) if job_dir is not None else os.path.dirname(os.path.abspath(where))
     spec = replace(spec, name=name, source=where, base_dir=base_dir, key_lines=types.MappingProxyType(reader.lines))
     if spec.script and not os.path.isfile(spec.script_path()):
         line = _line_of(node, "script")

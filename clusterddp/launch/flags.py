@@ -155,6 +155,7 @@ def given(value: Any) -> bool:
     return value is not None and value is not False
 
 
+JOB_FILE = "job file"
 PLACEMENT = "placement (override the detected cluster environment)"
 FANOUT = "SSH fan-out"
 SUPERVISION = "supervision and logs"
@@ -163,6 +164,9 @@ REMOTE = "used by the SSH head on remote hosts"
 
 #: Every flag of ``clusterddp run``, in ``--help`` order.
 RUN_FLAGS: tuple[Flag, ...] = (
+    Flag("--job-dir", JOB_FILE, "where the job file's relative paths start (default: its directory; a "
+         "Kubernetes pod's job file comes from a ConfigMap)", text(validate.path_problem), variable=True,
+         metavar="DIR"),
     Flag("--nproc-per-node", PLACEMENT, "workers on this node: a number, auto, gpu or cpu", nproc_value,
          variable=True, job_key="nproc_per_node", env_command=True),
     Flag("--nnodes", PLACEMENT, None, checked(integer, validate.nodes_problem), variable=True, env_command=True),

@@ -6,8 +6,10 @@ clusterddp.schedulers.kubernetes_render and hands the object to the thin kubectl
 Everything talks to the cluster through ``kubectl`` with the user's own kubeconfig, context
 and namespace (``--context``, ``--namespace``, ``KUBECONFIG``), as ``submit slurm`` goes
 through ``sbatch``: argv is built here, kubectl's JSON parsed here, and kubectl's documented
-error lines turned into one line each (exit 2). The object is one document created with
-``kubectl create -f -``, so a refused create leaves nothing half-created.
+error lines turned into one line each (exit 2). The manifest is the launcher's ConfigMap, then
+the object (clusterddp.schedulers.kubernetes_launcher); ``submit`` creates them one at a time
+with ``kubectl create -f -`` and deletes the ConfigMap when the object is refused, so nothing is
+left half-created; ``stop`` deletes the object, then its ConfigMap.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
-from clusterddp.schedulers.kubernetes_render import render_kubernetes
+from clusterddp.schedulers.kubernetes_launcher import configmap_name
+from clusterddp.schedulers.kubernetes_render import render_documents
 from clusterddp.sections import k8s_names
 from clusterddp.spec import JobSpec
 from clusterddp.validate import escape_controls, shown
@@ -86,6 +89,13 @@ class KubernetesOptions:
 _REMOTE = ("submit", "status", "stop", "logs")
 
 
+@dataclass(frozen=True)
+class KubernetesRequest(RenderedRequest):
+    """The manifest, and its documents one by one as (``kind/name``, YAML) in creation order."""
+
+    documents: tuple[tuple[str, str], ...] = ()
+
+
 class KubernetesScheduler(Scheduler[KubernetesOptions]):
     """A TrainJob, JobSet or PyTorchJob rendered from the job file, handled through kubectl."""
 
@@ -115,9 +125,10 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
 
     def render(self, job: JobSpec, options: KubernetesOptions) -> RenderedRequest:
         """The manifest, with the job path as given: the pod runs it in the image's working directory."""
-        manifest = render_kubernetes(job, str(options.job), options.flavor)
+        header, documents = render_documents(job, str(options.job), options.flavor)
         command = shlex.join([*base_argv(options, job), "create", "-f", "-", "-o", "name"])
-        return RenderedRequest(manifest, command + " < MANIFEST", job)
+        manifest = header + "".join(text for _, text in documents)
+        return KubernetesRequest(manifest, command + " < MANIFEST", job, tuple(documents))
 
     def wrote(self, request: RenderedRequest, path: str) -> None:
         print(f"wrote {path}; create it with: kubectl create -f {shlex.quote(path)}", file=sys.stderr)
@@ -208,10 +219,29 @@ def run_kubectl(argv: Sequence[str], env: Mapping[str, str], stdin: str | None =
 
 
 def create(request: RenderedRequest, options: KubernetesOptions, env: Mapping[str, str]) -> str:
-    """``kubectl create -f -`` of the one rendered object: a refusal creates nothing. Returns
+    """``kubectl create -f -`` of each document in turn (the ConfigMap, then the object); when
+    one is refused, what was created is deleted again and the refusal is the one line. Returns
     the object as kubectl names it (``trainjob.trainer.kubeflow.org/cifar10``)."""
+    documents = request.documents if isinstance(request, KubernetesRequest) else (("", request.text),)
     argv = [*base_argv(options, request.job), "create", "-f", "-", "-o", "name"]
-    return run_kubectl(argv, env, stdin=request.text).strip()
+    created: list[str] = []
+    for _, text in documents:
+        try:
+            created.append(run_kubectl(argv, env, stdin=text).strip())
+        except KubectlError as exc:
+            if created:
+                undo(created, options, request.job, env, exc)
+            raise
+    return created[-1]
+
+
+def undo(created: list[str], options: KubernetesOptions, job: JobSpec, env: Mapping[str, str],
+         cause: KubectlError) -> None:
+    """Delete what a refused submit created; when that fails too, one line says both."""
+    try:
+        run_kubectl([*base_argv(options, job), "delete", *created, "--ignore-not-found", "--wait=false"], env)
+    except KubectlError as again:
+        raise KubectlError(f"{cause}; and {', '.join(created)} is left behind ({again}): delete it by hand") from None
 
 
 def target(options: KubernetesOptions) -> tuple[str, str]:
@@ -247,9 +277,14 @@ def pods_of(base: Sequence[str], flavor: str, name: str, env: Mapping[str, str])
 
 
 def stop(options: KubernetesOptions, env: Mapping[str, str]) -> str:
-    """Delete the object (its controller deletes the Jobs and pods it owns)."""
+    """Delete the object (its controller deletes the Jobs and pods it owns), then the launcher's
+    ConfigMap (none with ``kubernetes.launcher: image``: not an error)."""
     flavor, name = target(options)
-    return run_kubectl([*base_argv(options), "delete", RESOURCES[flavor], name, "--wait=false"], env).strip()
+    base = base_argv(options)
+    deleted = run_kubectl([*base, "delete", RESOURCES[flavor], name, "--wait=false"], env).strip()
+    also = run_kubectl([*base, "delete", f"configmap/{configmap_name(name)}", "--ignore-not-found", "--wait=false"],
+                       env).strip()
+    return "\n".join(line for line in (deleted, also) if line)
 
 
 def parse_json(text: str) -> dict[str, Any]:

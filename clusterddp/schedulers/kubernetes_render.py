@@ -5,9 +5,12 @@ pasted into YAML text, so no value (``"a\\nkind: Pod"`` included) can change the
 structure. Names were checked at load time (clusterddp.sections.kubernetes); the rules that
 need the whole job (the flavor, ``nodes``, ``restarts``, GPUs) are checked here, naming the key.
 
-What the pod runs: ``clusterddp run JOB_PATH`` in the image's working directory, so the image
-holds the job file and what it runs at the same relative path as this checkout (as on
-OpenPAI); no ConfigMap is rendered. Each pod is placed by what its controller gives it: a
+What the pod runs (clusterddp.schedulers.kubernetes_launcher): by default the image's python3
+runs the launcher packed as one zipapp, from a ConfigMap rendered before the object (the image
+needs python3 and torch, not clusterddp); with ``kubernetes.launcher: image``, the image's own
+``clusterddp run JOB_PATH``. Either way in the image's working directory (``container.workdir``
+where the flavor has the field), which holds the script at its path relative to the checkout.
+The image is ``container.image`` (clusterddp.schedulers.kubernetes_container). Each pod is placed by what its controller gives it: a
 TrainJob pod by the torch plugin's ``PET_*`` (the renderer sets none: the webhook refuses
 them); a JobSet pod by the ``CLUSTERDDP_JOBSET_*`` contract of clusterddp.envs.jobset, written
 here, plus the Job controller's ``JOB_COMPLETION_INDEX``; a PyTorchJob pod by the operator's
@@ -25,6 +28,8 @@ from clusterddp import __version__
 from clusterddp.envs import jobset as contract
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NOT_RESTARTED
+from clusterddp.schedulers import kubernetes_container as kc
+from clusterddp.schedulers import kubernetes_launcher as launcher
 from clusterddp.schedulers import quoting as q
 from clusterddp.sections import k8s_names
 from clusterddp.sections.kubernetes import FLAVORS, QUEUE_LABEL
@@ -57,32 +62,66 @@ SHM_VOLUME = "dshm"
 
 def render_manifest(job: JobSpec, job_path: str, flavor: str | None = None) -> dict[str, Any]:
     """The object for ``flavor`` (default ``kubernetes.flavor``) as plain data."""
+    return _object(job, job_path, flavor)[0]
+
+
+def render_objects(job: JobSpec, job_path: str, flavor: str | None = None) -> list[dict[str, Any]]:
+    """What ``kubectl create`` gets, in order: the launcher's ConfigMap (unless
+    ``kubernetes.launcher: image``), then the object for ``flavor``."""
+    obj, where = _object(job, job_path, flavor)
+    if job.kubernetes.launcher == "image":
+        return [obj]
+    return [launcher.configmap(job, obj["metadata"]["name"], obj["metadata"], where), obj]
+
+
+def _object(job: JobSpec, job_path: str, flavor: str | None) -> tuple[dict[str, Any], str]:
+    """The TrainJob, JobSet or PyTorchJob, and where errors say they come from."""
     where = q.place(job.source, job_path)
     flavor = flavor or job.kubernetes.flavor
     if flavor not in FLAVORS:
         raise q.fail(where, "kubernetes.flavor", f"unknown flavor {shown(flavor)}; known: {', '.join(FLAVORS)}")
-    pod = PodParts.of(job, job_path, where)
     name = object_name(job, where, flavor)
+    pod = PodParts(job, job_path, where, name, flavor)
     builder = {"trainjob": _trainjob, "jobset": _jobset, "pytorchjob": _pytorchjob}[flavor]
-    return builder(job, pod, name, where)
+    return builder(job, pod, name, where), where
 
 
 def render_kubernetes(job: JobSpec, job_path: str, flavor: str | None = None) -> str:
-    """The manifest as YAML, after one comment line saying where it came from."""
+    """The manifest as a YAML stream (one document per object), after one comment line saying
+    where it came from."""
+    header, documents = render_documents(job, job_path, flavor)
+    return header + "".join(text for _, text in documents)
+
+
+def render_documents(job: JobSpec, job_path: str, flavor: str | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """The header comment line, and each object as (``kind/name`` as kubectl deletes it, its
+    YAML document): ``submit`` creates them one by one, so it can undo a half-done create."""
     where = q.place(job.source, job_path)
-    header = q.comment_text(job_path, where, "job file path")
-    manifest = render_manifest(job, job_path, flavor)
-    body = yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=False, width=1 << 16)
-    return f"# Rendered by clusterddp {__version__} from {header}: kubectl create -f <this file>\n{body}"
+    header = f"# Rendered by clusterddp {__version__} from {q.comment_text(job_path, where, 'job file path')}: " \
+             "kubectl create -f <this file>\n"
+    documents = []
+    for obj in render_objects(job, job_path, flavor):
+        text = yaml.dump(obj, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False, allow_unicode=False,
+                         width=1 << 16, explicit_start=True)
+        documents.append((f"{obj['kind'].lower()}/{obj['metadata']['name']}", text))
+    return header, documents
 
 
 class _PlainDumper(yaml.SafeDumper):
     """SafeDumper without anchors: a part used twice (the PyTorchJob pod template) is written
-    out twice, as a reader of the manifest expects, not as ``&id001`` / ``*id001``."""
+    out twice, as a reader of the manifest expects, not as ``&id001`` / ``*id001``. A
+    ConfigMap's multi-line text (the job file) is a literal block, readable as the file was."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        if "\n" in data:
+            return self.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+        return super().represent_str(data)
+
+
+_PlainDumper.add_representer(str, _PlainDumper.represent_str)
 
 
 def object_name(job: JobSpec, where: str, flavor: str) -> str:
@@ -104,26 +143,27 @@ def object_name(job: JobSpec, where: str, flavor: str) -> str:
 
 
 class PodParts:
-    """What every flavor puts in the pod: image, command, env, resources, pod settings."""
+    """What every flavor puts in the pod: image, command, env, resources, volumes, pod settings."""
 
-    def __init__(self, job: JobSpec, job_path: str, where: str) -> None:
+    def __init__(self, job: JobSpec, job_path: str, where: str, name: str, flavor: str) -> None:
         spec = job.kubernetes
         self.where = where
-        self.command = ["clusterddp", "run", q.comment_text(job_path, where, "job file path")]
-        if not spec.image:
-            raise JobSpecError(where, job.key_lines.get("kubernetes"), "kubernetes.image",
-                               "required to render a Kubernetes job",
-                               "add 'kubernetes: {image: <image with torch, clusterddp and this job>}'")
-        self.image = spec.image
+        self.image = kc.pod_image(job, where)
+        kc.refuse_host_settings(job, where)
+        self.workdir = kc.working_dir(job, where, flavor)
         self.env = secret_env(job, where)
         self.resources = resources(job, where)
-        self.volumes = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}] \
-            if spec.shm_size else []
-        self.mounts = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}] if spec.shm_size else []
-
-    @classmethod
-    def of(cls, job: JobSpec, job_path: str, where: str) -> "PodParts":
-        return cls(job, job_path, where)
+        self.volumes: list[dict[str, Any]] = []
+        self.mounts: list[dict[str, Any]] = []
+        if spec.shm_size:
+            self.volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}})
+            self.mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+        if spec.launcher == "image":
+            self.command = ["clusterddp", "run", q.comment_text(job_path, where, "job file path")]
+        else:
+            self.command = launcher.pod_command(job_path, where)
+            self.volumes.append(launcher.volume(name, job_path, where))
+            self.mounts.append(launcher.volume_mount())
 
     def pod_settings(self, job: JobSpec, priority: bool = True) -> dict[str, Any]:
         """serviceAccountName, nodeSelector, tolerations, imagePullSecrets, volumes (set ones only)."""
@@ -145,6 +185,8 @@ class PodParts:
 
     def container(self, name: str, env: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {"name": name, "image": self.image, "command": self.command}
+        if self.workdir:
+            out["workingDir"] = self.workdir
         if env or self.env:
             out["env"] = [*env, *self.env]
         if self.resources:

@@ -9,15 +9,17 @@ a toleration are Kubernetes' own (``tolerationSeconds``), so one can be pasted f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 from clusterddp.sections import k8s_names as k
-from clusterddp.sections.openpai import IMAGE_PATTERN
 from clusterddp.specload import check, check_each
 from clusterddp.validate import shown
 
 Flavor = Literal["trainjob", "jobset", "pytorchjob"]
 FLAVORS: tuple[str, ...] = ("trainjob", "jobset", "pytorchjob")
+#: How the launcher reaches the pod: a ConfigMap rendered beside the object (the image needs
+#: python3 and torch only), or the image's own ``clusterddp`` and job file (docs/kubernetes.md).
+Launcher = Literal["configmap", "image"]
 #: Kueue's label naming the LocalQueue; written from ``queue``, never from ``labels``.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: GPUs per node: more than any node holds is a typo (and Kubernetes' quantities are int64).
@@ -26,10 +28,6 @@ MAX_GPUS = 1024
 MAX_TOLERATION_SECONDS = 366 * 24 * 3600
 #: What annotations on one object may hold in all (apimachinery's TotalAnnotationSizeLimitB).
 MAX_ANNOTATION_BYTES = 256 * 1024
-
-
-def _image(value: str) -> str | None:
-    return None if IMAGE_PATTERN.fullmatch(value) else f"not a container image reference: {shown(value)}"
 
 
 def _extended_resource(value: str) -> str | None:
@@ -100,11 +98,16 @@ class Toleration:
 
 @dataclass(frozen=True)
 class KubernetesSpec:
-    """Namespace, queue, image and pod settings of the rendered object; never holds secrets.
+    """Namespace, queue and pod settings of the rendered object; never holds secrets. The
+    image is the job-level ``container.image`` (clusterddp.sections.container).
 
     Values of ``env_passthrough`` names come from the Secret named ``secret`` (a
     ``secretKeyRef`` per name), never from the job file or the manifest.
     """
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "image": "moved to the job-level 'container: {image: ...}', which every target reads",
+    }
 
     #: Default flavor of ``clusterddp render k8s``; ``--flavor`` overrides it.
     flavor: Flavor = "trainjob"
@@ -116,9 +119,9 @@ class KubernetesSpec:
     queue: str | None = field(default=None, metadata=check(k.label_value_problem))
     #: ClusterTrainingRuntime a TrainJob runs on.
     runtime: str = field(default="torch-distributed", metadata=check(k.subdomain_problem))
-    #: Container image with torch, clusterddp and the job; temporary here until the
-    #: job-level ``container:`` section exists (then it becomes a moved key).
-    image: str | None = field(default=None, metadata=check(_image))
+    #: ``configmap``: the job file and the packed launcher travel in a ConfigMap (the image
+    #: needs python3 and torch); ``image``: the image has clusterddp and the job file itself.
+    launcher: Launcher = "configmap"
     gpu_resource: str = field(default="nvidia.com/gpu", metadata=check(_extended_resource))
     #: GPUs per node (pod); 0 is a CPU job.
     gpus: int = field(default=0, metadata=check(_gpus))

@@ -21,9 +21,9 @@ SCRIPT = f"script: {REPO / 'jobs' / 'hello.py'}\n"
 INJECTION = "a\nkind: Pod"
 HOSTILE = {"empty": "", "huge": "a" * 70000, "nul": "a\x00b", "newline": "a\nb", "injection": INJECTION,
            "negative": "-1", "esc": "a\x1b[2Jb", "u2028": "a\u2028b", "space": "a b", "upper": "A"}
-#: String keys whose every hostile value above is refused (names, quantities, the image).
+#: String keys whose every hostile value above is refused (names, quantities).
 NAME_KEYS = ["name", "namespace", "runtime", "gpu_resource", "service_account", "priority_class", "secret",
-             "cpu", "memory", "shm_size", "image"]
+             "cpu", "memory", "shm_size"]
 #: Keys that take a list of names or a mapping: the hostile text as an item, a key or a value.
 LIST_KEYS = ["image_pull_secrets"]
 MAP_KEY_KEYS = ["node_selector", "labels", "annotations"]
@@ -54,7 +54,8 @@ EXPLICIT = [
     ("cpu-zero", "{cpu: 0}", "kubernetes.cpu", "more than zero"),
     ("memory-unit", "{memory: 8GB}", "kubernetes.memory", "quantity"),
     ("name-digit", "{name: 1job}", "kubernetes.name", "DNS-1035"),
-    ("image-tag", "{image: !!binary aGVsbG8=}", "kubernetes.image", "binary"),
+    ("image-moved", "{image: 'a:1'}", "kubernetes.image", "moved to the job-level 'container: {image"),
+    ("launcher-unknown", "{launcher: pip}", "kubernetes.launcher", "expected one of"),
 ]
 
 
@@ -64,8 +65,7 @@ def _cases() -> list[tuple[str, str, str, str]]:
     for label, value in HOSTILE.items():
         text = json.dumps(value)
         for key in NAME_KEYS:
-            if not (key == "image" and label in ("negative", "upper")):  # '-1', 'A' are image names
-                cases.append((f"{key}-{label}", f"{{{key}: {text}}}", f"kubernetes.{key}", ""))
+            cases.append((f"{key}-{label}", f"{{{key}: {text}}}", f"kubernetes.{key}", ""))
         for key in LIST_KEYS:
             cases.append((f"{key}-{label}", f"{{{key}: [{text}]}}", f"kubernetes.{key}[0]", ""))
         if label not in ("negative", "upper", "space"):  # label keys may be upper case, '-1' is one too
@@ -105,29 +105,34 @@ def test_table_covers_every_key() -> None:
 
     from clusterddp.sections.kubernetes import KubernetesSpec
     covered = {c[2].split(".")[1].split("[")[0] for c in CASES}
-    assert {f.name for f in dataclasses.fields(KubernetesSpec)} <= covered
+    assert {f.name for f in dataclasses.fields(KubernetesSpec)} | set(KubernetesSpec.MOVED_KEYS) <= covered
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_free_text_cannot_change_structure(flavor: str) -> None:
-    """Annotation values and the job path, the only free text rendered, read back as the
-    same one object: no value adds a document, a key or a kind."""
+    """Annotation values, the job path and the job file's text (in the launcher's ConfigMap),
+    the only free text rendered, read back as the same two objects: no value adds a document,
+    a key or a kind."""
+    from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_objects
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
-        section = {"image": "img", "annotations": {"a": INJECTION, "b": "---\napiVersion: v1\nkind: Secret"}}
-        path.write_text(SCRIPT + "name: job\nkubernetes: " + json.dumps(section) + "\n", encoding="utf-8")
+        section = {"annotations": {"a": INJECTION, "b": "---\napiVersion: v1\nkind: Secret"}}
+        text = (SCRIPT + "name: job\ncontainer: {image: img}\nkubernetes: " + json.dumps(section) +
+                "\n# ---\n# apiVersion: v1\n#   kind: Secret  \n")
+        path.write_text(text, encoding="utf-8")
         job = load_job(path)
-    from clusterddp.schedulers.kubernetes_render import render_kubernetes
-    docs = list(yaml.safe_load_all(render_kubernetes(job, "jobs/a: b #c.yaml", flavor)))
-    assert len(docs) == 1 and docs[0] == render_manifest(job, "jobs/a: b #c.yaml", flavor)
-    assert docs[0]["metadata"]["annotations"] == section["annotations"]
+        docs = list(yaml.safe_load_all(render_kubernetes(job, "jobs/a: b #c.yaml", flavor)))
+        assert docs == render_objects(job, "jobs/a: b #c.yaml", flavor)
+    assert [d["kind"] for d in docs[:1]] == ["ConfigMap"] and len(docs) == 2
+    assert docs[0]["data"] == {"job.yaml": text}
+    assert docs[1]["metadata"]["annotations"] == section["annotations"]
 
 
 def test_job_path_with_a_newline_refused() -> None:
     """A job path that is not one line is refused (it is written into the header comment)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
-        path.write_text(SCRIPT + "name: job\nkubernetes: {image: img}\n", encoding="utf-8")
+        path.write_text(SCRIPT + "name: job\ncontainer: {image: img}\n", encoding="utf-8")
         job = load_job(path)
     with pytest.raises(JobSpecError, match="job file path: contains the control character"):
         render_manifest(job, "jobs/a\nkind: Pod.yaml", "jobset")

@@ -4,6 +4,7 @@ FAKE_KUBECTL_SCENARIO. Installed as ``kubectl`` on PATH by the tests."""
 
 import json
 import os
+import re
 import sys
 
 SCENARIO = os.environ.get("FAKE_KUBECTL_SCENARIO", "ok")
@@ -19,6 +20,8 @@ STDERR = {
     "nocrd-get": 'error: the server doesn\'t have a resource type "trainjobs"',
     "nonamespace": 'Error from server (NotFound): error when creating "STDIN": namespaces "nope" not found',
 }
+#: Scenarios that refuse only the create of the job object: its ConfigMap is created first.
+OBJECT_ONLY = {"nocrd-object": "nocrd"}
 POD = {"metadata": {"name": "cifar10-node-0-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": "{i}"}},
        "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}}
 
@@ -28,10 +31,15 @@ def main() -> int:
     stdin = sys.stdin.read() if "-" in argv else ""
     with open(os.environ["FAKE_KUBECTL_LOG"], "a", encoding="utf-8") as log:
         log.write(json.dumps({"argv": argv, "stdin": stdin}) + "\n")
-    if SCENARIO in STDERR:
-        sys.stderr.write(STDERR[SCENARIO] + "\n")
+    kind = re.search(r"^kind: (\w+)$", stdin, re.MULTILINE)
+    configmap = kind is not None and kind.group(1) == "ConfigMap"
+    if SCENARIO in STDERR or (SCENARIO in OBJECT_ONLY and "create" in argv and not configmap):
+        sys.stderr.write(STDERR[OBJECT_ONLY.get(SCENARIO, SCENARIO)] + "\n")
         return 1
-    if "create" in argv:
+    if "create" in argv and configmap:
+        name = re.search(r"^  name: (\S+)$", stdin, re.MULTILINE)
+        print(f"configmap/{name.group(1) if name else '?'}")
+    elif "create" in argv:
         print("trainjob.trainer.kubeflow.org/cifar10")
     elif "get" in argv and "pods" in argv:
         items = [json.loads(json.dumps(POD).replace("{i}", str(i))) for i in (1, 0)]
@@ -41,7 +49,11 @@ def main() -> int:
             {"type": "Created", "status": "True", "reason": "JobSetCreated"},
             {"type": "Complete", "status": "False"}]}}))
     elif "delete" in argv:
-        print('trainjob.trainer.kubeflow.org "cifar10" deleted')
+        named = [a for a in argv[argv.index("delete") + 1:] if "/" in a]  # KIND/NAME, as kubectl prints them
+        for kind, _, name in (a.partition("/") for a in named):
+            print(f'{kind.split(".")[0]} "{name}" deleted')
+        if not named:
+            print('trainjob.trainer.kubeflow.org "cifar10" deleted')
     elif "logs" in argv:
         print(f"hello from {argv[-1]}")
     return 0

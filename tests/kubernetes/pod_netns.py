@@ -6,6 +6,11 @@ Layout: bridge ``cdk8sbr0`` at 10.81.0.1/24; pod slot K is netns ``cdk8sK`` with
 ``nsenter --net`` into its slot, ``unshare --uts --mount`` for its own hostname and a bind-mounted
 ``/etc/hosts`` (plus a files-only ``nsswitch.conf``: no resolver outside the file), then the
 container's command with the environment tests/kubernetes/pods.py computed from the manifest.
+A pod's ConfigMap volume (the launcher's zipapp and the job file) is written to a directory and
+bind-mounted read-only at its ``mountPath`` in the pod's own mount namespace (an overlay over
+the parent, /etc, so the mount point exists only there). The image's ``python3`` is a python
+without clusterddp (IMAGE_PYTHON: the venv's base interpreter, with only the site-packages that
+hold torch on PYTHONPATH, whose .pth files, the editable install's among them, are not read).
 When a pod starts, its line (``IP <hostname>.<subdomain> <hostname>``) is appended to the shared
 hosts file, as the headless service's record appears once the pod exists: a name resolves only
 after its pod is up. Pods share the file system (the job's checkpoint directory is a shared
@@ -15,6 +20,7 @@ volume). One set at a time per machine: ``/run/cdk8s.lock``, leftovers removed f
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -33,9 +39,25 @@ PREFIX = "cdk8s"
 SUBNET = "10.81.0"
 LOCK_FILE = f"/run/{PREFIX}.lock"
 LEFTOVER_GRACE = 1.0
-#: How a pod's container is started: own hostname, the test's hosts file and nsswitch.conf.
-CONTAINER = ('hostname "$1" && mount --bind "$2" /etc/hosts && mount --bind "$3" /etc/nsswitch.conf '
-             '&& shift 3 && exec "$@"')
+#: How a pod's container is started: own hostname, its ConfigMap files ($4) read-only at their
+#: mountPath ($6, over a private overlay of its parent, scratch in $5), the test's hosts file and
+#: nsswitch.conf.
+CONTAINER = ('hostname "$1" || exit 1; if [ -n "$4" ]; then mount -t tmpfs tmpfs "$5" && mkdir "$5/u" "$5/w" '
+             '&& mount -t overlay overlay -o lowerdir="${6%/*}",upperdir="$5/u",workdir="$5/w" "${6%/*}" '
+             '&& mkdir -p "$6" && mount --bind "$4" "$6" && mount -o remount,bind,ro "$6" || exit 1; fi; '
+             'mount --bind "$2" /etc/hosts && mount --bind "$3" /etc/nsswitch.conf && shift 6 && exec "$@"')
+#: The image's python3: no clusterddp (checked by image_python_problem), torch from TORCH_SITE.
+IMAGE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+_TORCH = importlib.util.find_spec("torch")
+TORCH_SITE = os.path.dirname(os.path.dirname(str(_TORCH.origin))) if _TORCH else ""
+
+
+def image_python_problem(cwd: Path) -> str | None:
+    """Why IMAGE_PYTHON (with TORCH_SITE, in ``cwd``) is no image without clusterddp, or None."""
+    done = subprocess.run([IMAGE_PYTHON, "-c", "import torch\ntry:\n import clusterddp\nexcept ImportError:\n"
+                           " raise SystemExit(0)\nraise SystemExit(clusterddp.__file__)"], cwd=cwd, capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"], "PYTHONPATH": TORCH_SITE}, timeout=120)
+    return None if done.returncode == 0 else f"{IMAGE_PYTHON} imports clusterddp or lacks torch: {done.stderr[-300:]}"
 
 
 def unavailable_reason() -> str | None:
@@ -77,17 +99,32 @@ class PodNetwork:
         name, address = self.slots[slot]
         with self.hosts.open("a") as hosts:  # appended in place: the pods' bind mounts see it
             hosts.write(f"{address} {pod.fqdn} {pod.fqdn}.default.svc.cluster.local {pod.hostname}\n")
-        argv = pod.argv
-        if argv[0] == "clusterddp":  # the image's console script: this checkout's package
+        argv, pythonpath = pod.argv, str(REPO)
+        if argv[0] == "clusterddp":  # the image's console script (kubernetes.launcher: image): this checkout
             argv = [sys.executable, "-m", "clusterddp", *argv[1:]]
+        elif argv[0] == "python3":  # the image's python: no clusterddp but the ConfigMap's zipapp
+            argv, pythonpath = [IMAGE_PYTHON, *argv[1:]], TORCH_SITE
         log = self.root / f"{pod.name}.log"
         command = ["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount", "sh", "-c", CONTAINER,
-                   pod.name, pod.hostname, str(self.hosts), str(self.nsswitch), *argv]
-        env = cli_env(**pod.env, PYTHONPATH=str(REPO))
+                   pod.name, pod.hostname, str(self.hosts), str(self.nsswitch), *self.volume(pod), *argv]
+        env = cli_env(**pod.env, PYTHONPATH=pythonpath)
         with log.open("wb") as out:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT)
         return Running(pod, name, proc, log, time.monotonic())
+
+    def volume(self, pod: Pod) -> list[str]:
+        """The pod's one ConfigMap volume written to files: (directory, scratch, mountPath), or blanks."""
+        if not pod.files:
+            return ["", "", ""]
+        ((mount_path, files),) = pod.files.items()
+        assert mount_path.count("/") >= 2, "the overlay goes on the mount path's parent, which must not be /"
+        directory, scratch = self.root / f"{pod.name}.configmap", self.root / f"{pod.name}.scratch"
+        directory.mkdir()
+        scratch.mkdir()
+        for file_name, data in files.items():
+            (directory / file_name).write_bytes(data)
+        return [str(directory), str(scratch), mount_path]
 
     def delete(self, running: Running, grace: float) -> None:
         """Delete the pod as the kubelet does: SIGTERM to the container's main process, SIGKILL to

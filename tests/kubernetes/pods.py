@@ -17,12 +17,14 @@ Sources (read upstream; the summary is ../shared/reference/kubernetes/README.md)
   with ``trainer.image``/``command``/``args``/``env``, plus ``PET_NNODES``,
   ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (fieldRef to the completion index),
   ``PET_MASTER_ADDR`` = ``<trainjob>-node-0-0.<trainjob>``, ``PET_MASTER_PORT`` = 29500.
-- The kubelet resolves ``valueFrom.fieldRef`` (downward API) and ``secretKeyRef``; the
-  container runtime sets ``HOSTNAME``.
+- The kubelet resolves ``valueFrom.fieldRef`` (downward API) and ``secretKeyRef``, and writes
+  a ``configMap`` volume's ``items`` (key -> path; ``data`` as UTF-8, ``binaryData`` decoded) as
+  files under the container's ``volumeMounts[].mountPath``; the container runtime sets ``HOSTNAME``.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 from dataclasses import dataclass, field
@@ -51,6 +53,8 @@ class Pod:
     #: The container's command + args, as written in the manifest.
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    #: ConfigMap volumes as the kubelet writes them: mountPath -> {file name: bytes}.
+    files: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
     @property
     def fqdn(self) -> str:
@@ -86,8 +90,27 @@ def container_env(entries: list[Mapping[str, Any]], pod: Pod, namespace: str,
     return out
 
 
+def configmap_files(pod_spec: Mapping[str, Any], container: Mapping[str, Any],
+                    configmaps: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, bytes]]:
+    """The container's configMap volume mounts as files (mountPath -> {path: bytes}), each item's
+    key read from the named ConfigMap's ``data`` or ``binaryData``, as the kubelet does."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    out: dict[str, dict[str, bytes]] = {}
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue
+        configmap = configmaps[source["name"]]
+        data, binary = configmap.get("data") or {}, configmap.get("binaryData") or {}
+        items = source.get("items") or [{"key": key, "path": key} for key in (*data, *binary)]
+        out[mount["mountPath"]] = {item["path"]: data[item["key"]].encode() if item["key"] in data
+                                   else base64.b64decode(binary[item["key"]]) for item in items}
+    return out
+
+
 def jobset_pods(manifest: Mapping[str, Any], restart_attempt: int = 0, namespace: str = "default",
-                secrets: Mapping[str, Mapping[str, str]] | None = None) -> list[Pod]:
+                secrets: Mapping[str, Mapping[str, str]] | None = None,
+                configmaps: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pod]:
     """Every pod of a rendered JobSet on attempt ``restart_attempt``, in completion-index order."""
     name = manifest["metadata"]["name"]
     network = manifest["spec"].get("network") or {}
@@ -98,9 +121,12 @@ def jobset_pods(manifest: Mapping[str, Any], restart_attempt: int = 0, namespace
             job_spec = rjob["template"]["spec"]
             assert job_spec["completionMode"] == "Indexed" and job_spec["parallelism"] == job_spec["completions"]
             (container,) = job_spec["template"]["spec"]["containers"]
+            files = configmap_files(job_spec["template"]["spec"], container, configmaps or {})
             for index in range(int(job_spec["completions"])):
-                pods.append(_indexed_pod(name, rjob["name"], job_index, index, subdomain, restart_attempt,
-                                         container, namespace, secrets or {}))
+                pod = _indexed_pod(name, rjob["name"], job_index, index, subdomain, restart_attempt,
+                                   container, namespace, secrets or {})
+                pod.files.update(files)
+                pods.append(pod)
     return pods
 
 
@@ -121,9 +147,11 @@ def _indexed_pod(jobset: str, rjob: str, job_index: int, index: int, subdomain: 
 
 
 def trainjob_pods(manifest: Mapping[str, Any], runtime: Mapping[str, Any], restart_attempt: int = 0,
-                  namespace: str = "default", secrets: Mapping[str, Mapping[str, str]] | None = None) -> list[Pod]:
+                  namespace: str = "default", secrets: Mapping[str, Mapping[str, str]] | None = None,
+                  configmaps: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pod]:
     """Every pod of a rendered TrainJob on the ``runtime`` (a ClusterTrainingRuntime): the JobSet
-    the TrainJob controller makes, with the torch plugin's PET_* in container ``node``."""
+    the TrainJob controller makes, with the torch plugin's PET_* in container ``node`` and the
+    volumes and mounts of its ``runtimePatches``."""
     name = manifest["metadata"]["name"]
     trainer = manifest["spec"]["trainer"]
     nodes = int(trainer.get("numNodes", runtime["spec"]["mlPolicy"].get("numNodes", 1)))
@@ -137,11 +165,19 @@ def trainjob_pods(manifest: Mapping[str, Any], runtime: Mapping[str, Any], resta
     assert not reserved & {e["name"] for e in trainer.get("env", [])}, "the TrainJob webhook refuses these"
     container = {"name": "node", "image": trainer["image"], "command": trainer.get("command", []),
                  "args": trainer.get("args", []), "env": [*trainer.get("env", []), *plugin]}
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    for patch in manifest["spec"].get("runtimePatches", []):
+        for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            patched = rjob["template"]["spec"]["template"]["spec"]
+            pod_spec["volumes"] = [*pod_spec.get("volumes", []), *patched.get("volumes", [])]
+            for named in patched.get("containers", []):
+                if named["name"] == "node":
+                    container["volumeMounts"] = [*container.get("volumeMounts", []), *named.get("volumeMounts", [])]
     jobset = {"metadata": {"name": name}, "spec": {"network": {"enableDNSHostnames": True, "subdomain": name},
               "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": {
                   "completionMode": "Indexed", "parallelism": nodes, "completions": nodes,
-                  "template": {"spec": {"containers": [container]}}}}}]}}
-    return jobset_pods(jobset, restart_attempt, namespace, secrets)
+                  "template": {"spec": pod_spec}}}}]}}
+    return jobset_pods(jobset, restart_attempt, namespace, secrets, configmaps)
 
 
 def proc_per_node(trainer: Mapping[str, Any], runtime: Mapping[str, Any]) -> str:

@@ -76,7 +76,7 @@ def k8s_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("flavor", ["trainjob", "jobset", "pytorchjob"])
 def test_create_status_stop_leaves_nothing(namespace: str, flavor: str) -> None:
     """Each flavor of jobs/cifar10.yaml: created (the server validates it), its status read,
-    stopped, and after that no object and no pod of it is left in the namespace."""
+    stopped, and after that no object, no pod and no launcher ConfigMap of it is left in the namespace."""
     created = k8s_cli("submit", "k8s", "jobs/cifar10.yaml", "--flavor", flavor, "--namespace", namespace).stdout.strip()
     assert created.endswith("/cifar10"), created
     status = k8s_cli("status", "k8s", created, "--namespace", namespace).stdout
@@ -90,10 +90,12 @@ def test_create_status_stop_leaves_nothing(namespace: str, flavor: str) -> None:
         left = json.loads(kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"]
         pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l", f"{k8s.POD_SELECTORS[flavor]}=cifar10",
                                   "-o", "json").stdout)["items"]
-        if not left and not pods:
+        configmap = kubectl("get", "configmap", "cifar10-clusterddp", "-n", namespace, "--ignore-not-found",
+                            "-o", "name").stdout.strip()
+        if not left and not pods and not configmap:
             return
         time.sleep(2)
-    pytest.fail(f"{flavor} cifar10 still has objects or pods in {namespace} 120 s after stop")
+    pytest.fail(f"{flavor} cifar10 still has objects, pods or its ConfigMap in {namespace} 120 s after stop")
 
 
 def test_server_accepts_every_flavor_on_dry_run(cluster: None) -> None:

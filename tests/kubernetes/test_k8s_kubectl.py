@@ -41,14 +41,29 @@ def k8s_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 
 def test_submit_pipes_the_manifest_to_kubectl_create(kubectl_env: dict[str, str]) -> None:
-    """submit k8s runs 'kubectl --context C --namespace N create -f - -o name' with the render on stdin."""
+    """submit k8s runs 'kubectl --context C --namespace N create -f - -o name' for the launcher's
+    ConfigMap, then for the TrainJob; the two stdins are the rendered manifest, in order."""
     done = k8s_cli(kubectl_env, "submit", "k8s", JOB, "--context", "lab", "--namespace", "team-a")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "trainjob.trainer.kubeflow.org/cifar10\n"
-    (call,) = calls(kubectl_env)
-    assert call["argv"] == ["--context", "lab", "--namespace", "team-a", "create", "-f", "-", "-o", "name"]
-    assert yaml.safe_load(str(call["stdin"]))["kind"] == "TrainJob"
+    first, second = calls(kubectl_env)
+    for call in (first, second):
+        assert call["argv"] == ["--context", "lab", "--namespace", "team-a", "create", "-f", "-", "-o", "name"]
+    assert [yaml.safe_load(str(c["stdin"]))["kind"] for c in (first, second)] == ["ConfigMap", "TrainJob"]
+    rendered = cli("render", "k8s", JOB, env=kubectl_env).stdout
+    assert rendered.endswith(str(first["stdin"]) + str(second["stdin"]))
     assert "clusterddp logs k8s trainjob.trainer.kubeflow.org/cifar10" in done.stderr
+
+
+def test_refused_object_deletes_its_configmap(kubectl_env: dict[str, str]) -> None:
+    """The ConfigMap is created, the TrainJob refused (CRD missing): submit deletes the ConfigMap
+    again and says why in one line, exit 2; nothing is left half-created."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": "nocrd-object"}, "submit", "k8s", JOB)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "the cluster does not know TrainJob: its CRD is not installed" in done.stderr and done.stdout == ""
+    assert [c["argv"] for c in calls(kubectl_env)] == [
+        ["create", "-f", "-", "-o", "name"], ["create", "-f", "-", "-o", "name"],
+        ["delete", "configmap/cifar10-clusterddp", "--ignore-not-found", "--wait=false"]]
 
 
 def test_submit_dry_run_runs_no_kubectl(kubectl_env: dict[str, str]) -> None:
@@ -74,10 +89,13 @@ def test_status_reads_phase_and_each_pod(kubectl_env: dict[str, str]) -> None:
 
 
 def test_stop_deletes_the_object(kubectl_env: dict[str, str]) -> None:
-    """stop k8s NAME --flavor pytorchjob: 'kubectl delete <resource> <name>'; the controller deletes what it owns."""
+    """stop k8s NAME --flavor pytorchjob: 'kubectl delete <resource> <name>' (the controller deletes
+    what it owns), then the launcher's ConfigMap, absent or not."""
     done = k8s_cli(kubectl_env, "stop", "k8s", "cifar10", "--flavor", "pytorchjob")
-    assert done.returncode == 0 and "deleted" in done.stdout, done.stderr
-    assert calls(kubectl_env)[0]["argv"] == ["delete", "pytorchjobs.kubeflow.org", "cifar10", "--wait=false"]
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == 'configmap "cifar10-clusterddp" deleted', done
+    assert [c["argv"] for c in calls(kubectl_env)] == [
+        ["delete", "pytorchjobs.kubeflow.org", "cifar10", "--wait=false"],
+        ["delete", "configmap/cifar10-clusterddp", "--ignore-not-found", "--wait=false"]]
 
 
 def test_logs_prefix_each_line_with_the_node_rank(kubectl_env: dict[str, str]) -> None:
@@ -157,5 +175,19 @@ def test_render_writes_the_manifest(tmp_path: Path) -> None:
     out = tmp_path / "cifar10.jobset.yaml"
     done = cli("render", "k8s", JOB, "--flavor", "jobset", "-o", str(out), env=cli_env(PYTHONPATH=str(REPO)))
     assert done.returncode == 0 and done.stdout == "", done.stderr
-    assert yaml.safe_load(out.read_text(encoding="utf-8"))["kind"] == "JobSet"
+    assert [d["kind"] for d in yaml.safe_load_all(out.read_text(encoding="utf-8"))] == ["ConfigMap", "JobSet"]
     assert f"kubectl create -f {out}" in done.stderr
+
+
+def test_job_dir_resolves_the_scripts_path_as_in_the_checkout(tmp_path: Path) -> None:
+    """The pod's command: 'run /etc/clusterddp/cifar10.yaml --job-dir jobs' finds script cifar10.py at
+    jobs/cifar10.py of the working directory; without --job-dir, beside the job file (not there)."""
+    copy = tmp_path / "cifar10.yaml"
+    copy.write_text((REPO / JOB).read_text(encoding="utf-8"), encoding="utf-8")
+    env = cli_env(PYTHONPATH=str(REPO))
+    found = subprocess.run([sys.executable, "-m", "clusterddp", "run", "--dry-run", str(copy), "--job-dir", "jobs"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0 and str(REPO / "jobs" / "cifar10.py") in found.stdout, found.stderr
+    missing = subprocess.run([sys.executable, "-m", "clusterddp", "run", "--dry-run", str(copy)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and f"{copy}:10: script: no such file" in missing.stderr, missing.stderr

@@ -193,12 +193,13 @@ def test_env_json_in_a_trainjob_pod() -> None:
 
 def rendered_pods(flavor: str) -> list[pods.Pod]:
     """The pods a cluster makes of ``clusterddp render k8s jobs/cifar10.yaml --flavor FLAVOR`` (tests/kubernetes/pods.py)."""
-    manifest = yaml.safe_load(cli("render", "k8s", "jobs/cifar10.yaml", "--flavor", flavor,
-                                  env=cli_env(PYTHONPATH=str(REPO))).stdout)
+    *configmaps, manifest = yaml.safe_load_all(cli("render", "k8s", "jobs/cifar10.yaml", "--flavor", flavor,
+                                                   env=cli_env(PYTHONPATH=str(REPO))).stdout)
+    volumes = {c["metadata"]["name"]: c for c in configmaps}  # the launcher's, before the object
     if flavor == "jobset":
-        return pods.jobset_pods(manifest, restart_attempt=2)
+        return pods.jobset_pods(manifest, restart_attempt=2, configmaps=volumes)
     runtime = yaml.safe_load((require_crds() / "torch_distributed.yaml").read_text(encoding="utf-8"))
-    return pods.trainjob_pods(manifest, runtime)
+    return pods.trainjob_pods(manifest, runtime, configmaps=volumes)
 
 
 @pytest.mark.parametrize("flavor", ["jobset", "trainjob"])

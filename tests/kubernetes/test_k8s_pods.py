@@ -1,7 +1,9 @@
 """Pods made of network namespaces (tests/kubernetes/pod_netns.py), each given exactly what a
 cluster gives a pod of the rendered manifest: its environment is computed from the manifest
 the way the JobSet, Job and TrainJob controllers and the kubelet do (tests/kubernetes/pods.py),
-its DNS name resolves once the pod exists, and it runs the container's own command.
+its DNS name resolves once the pod exists, and it runs the container's own command: the image's
+python3 (one without clusterddp) runs the launcher's zipapp from the rendered ConfigMap, mounted
+read-only where the manifest says, in a working directory without clusterddp.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import yaml
 from tests.conftest import BIN, REPO, cli, cli_env, wait_for
 from tests.kubernetes import pods
 from tests.kubernetes.crds import require_crds
-from tests.kubernetes.pod_netns import outputs, pod_network, run_job, unavailable_reason, wait_all
+from tests.kubernetes.pod_netns import (image_python_problem, outputs, pod_network, run_job, unavailable_reason,
+                                       wait_all)
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -30,37 +33,49 @@ def job_file(tmp_path: Path, name: str, script: Path, args: list[str], **fields:
     """A 2-node x 2-worker gloo job with a kubernetes: section, on the pods' shared file system."""
     data = {"name": name, "script": str(script), "args": args, "nodes": 2, "nproc_per_node": 2,
             "backend": "gloo", "grace_period": 3, "logs": {"dir": str(tmp_path / "logs")},
-            "kubernetes": {"image": "clusterddp-test:latest"}, **fields}
+            "container": {"image": "clusterddp-test:latest"}, **fields}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
 def render(job: Path, flavor: str) -> dict[str, Any]:
-    """``clusterddp render k8s JOB --flavor FLAVOR``, parsed."""
+    """``clusterddp render k8s JOB --flavor FLAVOR``, parsed: the object, its ConfigMaps under "configmaps"."""
     done = cli("render", "k8s", str(job), "--flavor", flavor, env=cli_env(PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr
-    manifest: dict[str, Any] = yaml.safe_load(done.stdout)
-    return manifest
+    *configmaps, manifest = yaml.safe_load_all(done.stdout)
+    assert [c["kind"] for c in configmaps] == ["ConfigMap"]
+    return {**manifest, "configmaps": {c["metadata"]["name"]: c for c in configmaps}}
 
 
 def pods_of(manifest: dict[str, Any], attempt: int = 0) -> list[pods.Pod]:
     if manifest["kind"] == "JobSet":
-        return pods.jobset_pods(manifest, restart_attempt=attempt)
+        return pods.jobset_pods(manifest, restart_attempt=attempt, configmaps=manifest["configmaps"])
     runtime = yaml.safe_load((require_crds() / "torch_distributed.yaml").read_text(encoding="utf-8"))
-    return pods.trainjob_pods(manifest, runtime, restart_attempt=attempt)
+    return pods.trainjob_pods(manifest, runtime, restart_attempt=attempt, configmaps=manifest["configmaps"])
+
+
+def workdir(tmp_path: Path) -> Path:
+    """The image's working directory: no clusterddp in it, and the image's python has none either."""
+    path = tmp_path / "workdir"
+    path.mkdir()
+    problem = image_python_problem(path)
+    assert problem is None, problem
+    return path
 
 
 @pytest.mark.parametrize("flavor", ["jobset", "trainjob"])
 def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor: str) -> None:
     """2 pods x 2 gloo workers of the rendered object all-reduce to 6; every rank sees the torchrun
-    contract, node rank = the pod's completion index, and node 0's DNS name as MASTER_ADDR."""
+    contract, node rank = the pod's completion index, and node 0's DNS name as MASTER_ADDR; every
+    worker imported clusterddp from the ConfigMap's zipapp, the only clusterddp in the pod."""
     out = tmp_path / "ranks"
     out.mkdir()
     manifest = render(job_file(tmp_path, "ddp", BIN / "env_allreduce.py", [str(out)]), flavor)
+    cwd = workdir(tmp_path)
     with pod_network(2, tmp_path) as network:
         started = time.monotonic()
-        running = [network.start(pod, pod.index) for pod in reversed(pods_of(manifest))]  # node 1 first
+        running = [network.start(pod, pod.index, cwd) for pod in reversed(pods_of(manifest))]  # node 1 first
         wait_for(lambda: any(out.iterdir()), timeout=TIMEOUT)
         first_rank = time.monotonic() - started
         codes = wait_all(running, TIMEOUT)
@@ -74,6 +89,7 @@ def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor:
         assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env["ROLE_RANK"]) == (str(node), "2", str(rank))
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("ddp-node-0-0.ddp", "29500")
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_RUN_ID"]
+        assert seen["clusterddp"] == "/etc/clusterddp/clusterddp.pyz/clusterddp/__init__.py", seen["clusterddp"]
     assert len({seen["env"]["TORCHELASTIC_RUN_ID"] for seen in ranks.values()}) == 1
     print(f"{flavor}: pods started -> first rank running {first_rank:.1f} s")
 
@@ -88,8 +104,9 @@ def test_a_crash_on_node_1_stops_node_0_and_names_the_rank(tmp_path: Path) -> No
     pod; the Job (backoffLimit 0) fails and its controller deletes node 0's pod, which stops."""
     manifest = render(job_file(tmp_path, "crash", BIN / "exit_with.py", ["3", "3"]), "jobset")
     assert job_spec(manifest)["backoffLimit"] == 0 and manifest["spec"]["failurePolicy"]["maxRestarts"] == 0
+    cwd = workdir(tmp_path)
     with pod_network(2, tmp_path) as network:
-        running = [network.start(pod, pod.index) for pod in pods_of(manifest)]
+        running = [network.start(pod, pod.index, cwd) for pod in pods_of(manifest)]
         codes = run_job(network, running, job_spec(manifest)["backoffLimit"], TIMEOUT)
     text = outputs(running)
     assert codes == [143, 3], (codes, text)  # node 0: 128 + SIGTERM; node 1: the root cause's code
@@ -109,12 +126,13 @@ def test_a_jobset_restart_resumes_cifar10_from_its_checkpoint(tmp_path: Path) ->
     manifest = render(job_file(tmp_path, "resume", CIFAR10, args, restarts=1), "jobset")
     assert manifest["spec"]["failurePolicy"]["maxRestarts"] == 1
     checkpoint = out / "checkpoints" / "last.pt"
+    cwd = workdir(tmp_path)
     with pod_network(2, tmp_path) as network:
-        first = [network.start(pod, pod.index) for pod in pods_of(manifest, attempt=0)]
+        first = [network.start(pod, pod.index, cwd) for pod in pods_of(manifest, attempt=0)]
         assert wait_for(checkpoint.exists, timeout=TIMEOUT), outputs(first)
         network.kill(first[1])  # node 1's pod fails: its Job fails (backoffLimit 0), not a 65/75 exit
         network.delete(first[0], grace=10)  # the JobSet restarts: every Job deleted, then recreated
-        second = [network.start(pod, pod.index) for pod in pods_of(manifest, attempt=1)]
+        second = [network.start(pod, pod.index, cwd) for pod in pods_of(manifest, attempt=1)]
         assert all(pod.pod.env["CLUSTERDDP_RESTART_COUNT"] == "1" for pod in second)
         codes = wait_all(second, TIMEOUT)
     text = outputs(second)

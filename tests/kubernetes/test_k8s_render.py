@@ -3,6 +3,7 @@ CRDs' schemas and CEL rules, the rules the renderer adds, and refusals."""
 
 from __future__ import annotations
 
+import base64
 import difflib
 import os
 import re
@@ -13,12 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from clusterddp import __version__
+from clusterddp import __version__, pack
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NONFINITE_LOSS, PREEMPTED
-from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_manifest
+from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_manifest, render_objects
 from clusterddp.sections import k8s_names
-from clusterddp.sections.kubernetes import FLAVORS, KubernetesSpec
+from clusterddp.sections.container import ContainerSpec
+from clusterddp.sections.kubernetes import FLAVORS
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import REPO
 from tests.kubernetes.crds import cel_rules, schema_errors
@@ -37,10 +39,10 @@ def fixture(name: str) -> tuple[JobSpec, str]:
 
 
 def example(name: str) -> JobSpec:
-    """An example job; one without a kubernetes section is given the least one (an image)."""
+    """An example job; one without a container image is given one (the least a render needs)."""
     job = load_job(REPO / "jobs" / name)
-    if job.kubernetes.image is None:
-        job = replace(job, kubernetes=replace(job.kubernetes, image=IMAGE))
+    if job.container.image is None:
+        job = replace(job, container=replace(job.container, image=IMAGE))
     return job
 
 
@@ -65,6 +67,7 @@ def test_golden_file(name: str, flavor: str) -> None:
     """The rendered manifest is byte-for-byte the reviewed golden file."""
     job, path = (load_job(REPO / "jobs" / "cifar10.yaml"), "jobs/cifar10.yaml") if name == "cifar10" else fixture(name)
     got = render_kubernetes(job, path, flavor).replace(f"clusterddp {__version__} ", "clusterddp VERSION ")
+    got = got.replace(base64.b64encode(pack.archive_bytes()).decode(), "PYZ")  # checked whole by test_configmap_*
     golden = GOLDEN / f"{name}.{flavor}.yaml"
     if os.environ.get(REGENERATE):
         golden.write_text(got, encoding="utf-8")
@@ -225,8 +228,11 @@ def test_trainjob_pod_settings_go_through_runtime_patches() -> None:
     patch = obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     pod = patch["template"]["spec"]["template"]["spec"]
     assert patch["name"] == "node" and pod["serviceAccountName"] == "trainer"
-    assert pod["containers"] == [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
-    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}]
+    assert pod["containers"] == [{"name": "node", "volumeMounts": [
+        {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "clusterddp", "mountPath": "/etc/clusterddp", "readOnly": True}]}]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
+                              {"name": "clusterddp", "configMap": {"name": "resnet-ddp-clusterddp", "items": [
+                                  {"key": "job.yaml", "path": "full.yaml"}, {"key": "clusterddp.pyz", "path": "clusterddp.pyz"}]}}]
     assert pod["tolerations"][1] == {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
                                      "tolerationSeconds": 300}
     assert obj["spec"]["trainer"]["resourcesPerNode"]["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4"}
@@ -249,7 +255,8 @@ def test_hostile_annotation_stays_a_value() -> None:
     job, path = fixture("full")
     for flavor in FLAVORS:
         docs = list(yaml.safe_load_all(render_kubernetes(job, path, flavor)))
-        assert len(docs) == 1 and docs[0]["metadata"]["annotations"] == {"example.com/owner": "vision team\nkind: Pod"}
+        assert [d["kind"] for d in docs][0] == "ConfigMap" and len(docs) == 2
+        assert docs[1]["metadata"]["annotations"] == {"example.com/owner": "vision team\nkind: Pod"}
 
 
 def _refusal(job: JobSpec, flavor: str) -> str:
@@ -277,7 +284,7 @@ def test_missing_image_secret_and_bad_name_refused() -> None:
     """No image, passthrough without a Secret, a job name that is no DNS-1035 label, a
     GPU job without GPUs: one line each naming the key."""
     job, _ = fixture("minimal")
-    assert "kubernetes.image: required" in _refusal(replace(job, kubernetes=KubernetesSpec()), "jobset")
+    assert "container.image: required" in _refusal(replace(job, container=ContainerSpec()), "jobset")
     assert "env_passthrough: on Kubernetes" in _refusal(replace(job, env_passthrough=("HF_TOKEN",)), "jobset")
     assert "env_passthrough[0]: 'PET_NNODES' is set by the controller" in _refusal(
         replace(job, env_passthrough=("PET_NNODES",), kubernetes=replace(job.kubernetes, secret="s")), "trainjob")
@@ -295,3 +302,102 @@ def test_name_rules_match_kubernetes_examples() -> None:
     assert k8s_names.label_value_problem("") is None and k8s_names.label_value_problem("-a")
     assert k8s_names.quantity_problem("1.5Gi") is None and k8s_names.quantity_problem("1e3") is None
     assert k8s_names.quantity_problem("0.0") and k8s_names.quantity_problem("1GB")
+
+
+def _container(**fields: Any) -> JobSpec:
+    job, _ = fixture("minimal")
+    return replace(job, container=replace(job.container, **fields))
+
+
+@pytest.mark.parametrize("image,want", [
+    ("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3"),
+    ("docker://pytorch/pytorch:2.4.0", "pytorch/pytorch:2.4.0"),
+    ("registry.example:5000/team/torch@sha256:" + "a" * 64, "registry.example:5000/team/torch@sha256:" + "a" * 64),
+])
+def test_container_image_is_the_pods_image(image: str, want: str) -> None:
+    """container.image is every flavor's image; pyxis's REGISTRY#IMAGE and Apptainer's docker://
+    are written as the registry reference a kubelet pulls; container.runtime changes nothing."""
+    for runtime in (None, "pyxis", "apptainer"):
+        job = _container(image=image, runtime=runtime)
+        assert render_manifest(job, "jobs/x.yaml", "trainjob")["spec"]["trainer"]["image"] == want
+        pod = render_manifest(job, "jobs/x.yaml", "jobset")["spec"]["replicatedJobs"][0]["template"]["spec"]
+        assert pod["template"]["spec"]["containers"][0]["image"] == want
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    ({"image": "/shared/bundles/torch", "runtime": "oci"}, "container.image: '/shared/bundles/torch' is a file or"),
+    ({"image": "./torch.sqsh"}, "container.image: './torch.sqsh' is a file or directory"),
+    ({"image": "images/torch.sif", "runtime": "apptainer"}, "is a file or directory: Kubernetes pulls"),
+    ({"image": "alice@nvcr.io#nvidia/pytorch:24.05"}, "names a registry user"),
+    ({"mounts": ("/datasets:/data:ro",)}, "container.mounts: host paths do not reach a Kubernetes pod"),
+    ({"mount_home": True}, "container.mount_home: a pod has no host home"),
+    ({"env": ("NCCL_DEBUG",)}, "container.env: a pod gets no host environment"),
+])
+def test_host_side_container_settings_refused(fields: dict[str, Any], fragment: str) -> None:
+    """What names SLURM's host (a file image, host mounts, home, host variables): one line naming the key."""
+    assert fragment in _refusal(_container(**fields), "jobset")
+
+
+def test_workdir_is_the_working_directory() -> None:
+    """container.workdir is the container's workingDir for JobSet and PyTorchJob; a TrainJob has
+    no field for it and is refused in one line."""
+    job = _container(workdir="/workspace/project")
+    pod = render_manifest(job, "jobs/x.yaml", "jobset")["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert pod["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/project"
+    master = render_manifest(job, "jobs/x.yaml", "pytorchjob")["spec"]["pytorchReplicaSpecs"]["Master"]
+    assert master["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/project"
+    assert "container.workdir: a TrainJob cannot set the container's workingDir" in _refusal(job, "trainjob")
+
+
+#: ConfigMap keys (apimachinery IsConfigMapKey) and the API server's 1 MiB on the values (ValidateConfigMap).
+CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+@pytest.mark.parametrize("name", [*FIXTURES, "cifar10"])
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_configmap_holds_the_job_file_and_the_packed_launcher(name: str, flavor: str) -> None:
+    """The first document is a v1 ConfigMap the API server accepts (keys [-._a-zA-Z0-9]+, values
+    within 1 MiB, a DNS-1123 name): the job file's text and exactly pack's zipapp; the pod mounts
+    it read-only and its command runs that zipapp on that file."""
+    job, path = (load_job(REPO / "jobs" / "cifar10.yaml"), "jobs/cifar10.yaml") if name == "cifar10" else fixture(name)
+    configmap, obj = render_objects(job, path, flavor)
+    assert (configmap["apiVersion"], configmap["kind"], configmap["immutable"]) == ("v1", "ConfigMap", True)
+    assert set(configmap) == {"apiVersion", "kind", "metadata", "immutable", "data", "binaryData"}
+    assert k8s_names.subdomain_problem(configmap["metadata"]["name"]) is None
+    assert configmap["metadata"].get("namespace") == obj["metadata"].get("namespace")
+    keys = [*configmap["data"], *configmap["binaryData"]]
+    assert keys == ["job.yaml", "clusterddp.pyz"] and all(CONFIGMAP_KEY.fullmatch(k) and len(k) <= 253 for k in keys)
+    pyz = base64.b64decode(configmap["binaryData"]["clusterddp.pyz"], validate=True)
+    assert pyz == pack.archive_bytes() and configmap["data"]["job.yaml"] == Path(str(job.source)).read_text()
+    assert len(pyz) + len(configmap["data"]["job.yaml"].encode()) <= 1024 * 1024
+    text = yaml.safe_dump(obj)
+    assert f"name: {configmap['metadata']['name']}" in text and "mountPath: /etc/clusterddp\n" in text
+    assert "readOnly: true" in text
+    command = obj["spec"]["trainer"]["command"] if flavor == "trainjob" else re.findall(r"command:\n((?:\s+- .*\n)+)", text)
+    assert "/etc/clusterddp/clusterddp.pyz" in str(command) and f"/etc/clusterddp/{Path(path).name}" in str(command)
+
+
+def test_render_is_deterministic() -> None:
+    """Two renders are byte-identical, and so are two packs built from scratch (no cache)."""
+    job, path = fixture("full")
+    assert render_kubernetes(job, path, "jobset") == render_kubernetes(job, path, "jobset")
+    assert pack.archive_bytes.__wrapped__() == pack.archive_bytes.__wrapped__()
+
+
+def test_configmap_over_one_mib_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher that would not fit a ConfigMap's 1 MiB is one line naming kubernetes.launcher."""
+    monkeypatch.setattr(pack, "archive_bytes", lambda: b"x" * (1024 * 1024))
+    job, _ = fixture("minimal")
+    with pytest.raises(JobSpecError) as info:
+        render_objects(job, "jobs/x.yaml", "jobset")
+    assert "kubernetes.launcher: the job file and the launcher are " in str(info.value)
+    assert "over a ConfigMap's 1048576" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_launcher_image_renders_one_object() -> None:
+    """kubernetes.launcher: image: no ConfigMap, the image's own 'clusterddp run JOB_PATH', no volume of ours."""
+    job, path = fixture("minimal")
+    job = replace(job, kubernetes=replace(job.kubernetes, launcher="image"))
+    (obj,) = render_objects(job, path, "trainjob")
+    assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path]
+    assert "clusterddp" not in str(obj.get("spec", {}).get("runtimePatches", ""))
