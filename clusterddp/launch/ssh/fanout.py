@@ -4,7 +4,7 @@ Steps: hosts (hostfile + ssh_config) -> per attempt (``attempt``): connect and p
 candidate in parallel, preflight (all problems at once, nothing started), choose the hosts,
 one ``LaunchPlan`` per host -> GO to every stub at once -> relay output and heartbeats until
 the end -> report naming the host that failed first -> with ``restarts: N``, the whole job
-again (``attempts`` holds the rules). docs/ssh.md is the user's guide to all of it.
+again (``attempt`` holds the rules). docs/ssh.md is the user's guide to all of it.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, sel
 from clusterddp.launch import runlock
 from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
-from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, refuse_loopback
-from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
+from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, next_backoff,
+                                           prepare, refuse_loopback, restart_line)
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
-from clusterddp.launch.ssh.options import FanoutOptions
 from clusterddp.launch.ssh.preflight import PreflightError
 from clusterddp.launch.ssh.relay import Outcome, Relay
 from clusterddp.launch.ssh.remote_command import forwarded_env
