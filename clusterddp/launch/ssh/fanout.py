@@ -29,9 +29,9 @@ from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.preflight import PreflightError
-from clusterddp.launch.ssh.relay import Outcome, Relay
+from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, format_outcome
+from clusterddp.launch.ssh.relay import Relay
 from clusterddp.launch.ssh.remote_command import forwarded_env
-from clusterddp.launch.ssh.summary import format_outcome, host_failure
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, restart_marker, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
@@ -145,7 +145,7 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None], head_lock
                 session.close()
         attempts.append(Attempt(number=number, hosts=tuple(p.host for p in start.plans),
                                 world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
-                                failure=_failure(outcome), seconds=time.monotonic() - began))
+                                failure=attempt_failure(outcome), seconds=time.monotonic() - began))
         backoff = next_backoff(attempts, launch.job.restarts, stopping=stop.signum is not None)
         if backoff is None:
             return _finish(attempts, say)
@@ -159,15 +159,6 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None], head_lock
             say(f"{signal.Signals(signum).name} before the restart: not restarting")
             _finish(attempts, say)
             return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
-
-
-def _failure(outcome: Outcome) -> str | None:
-    """``cdssh4: connection lost (...)``, the first failure of an attempt, for its report line."""
-    if outcome.root is not None:
-        return f"{outcome.root.name}: {host_failure(outcome.root)}"
-    if outcome.exit_code != 0:
-        return outcome.stop_reason or "a host failed"
-    return None
 
 
 def _pause(seconds: float, stop: _Stop) -> bool:

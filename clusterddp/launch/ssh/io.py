@@ -27,7 +27,7 @@ class RemoteLauncher(HostState):
     """The launcher on one host, as the head sees it: its state plus its session and log."""
 
     def __init__(self, session: HostSession, plan: LaunchPlan, log: BinaryIO) -> None:
-        super().__init__(name=session.host.name)
+        super().__init__(name=session.host.name, address=session.host.address, node_rank=plan.node_rank)
         self.session = session
         self.plan = plan
         #: The head's copy of everything the host wrote.
