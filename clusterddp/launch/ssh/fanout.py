@@ -27,7 +27,7 @@ from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start
                                            prepare, refuse_loopback, restart_line)
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
-from clusterddp.launch.ssh.io import Console, RemoteLauncher
+from clusterddp.launch.ssh.io import Console, RemoteLauncher, start_hosts
 from clusterddp.launch.ssh.preflight import PreflightError
 from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, format_outcome
 from clusterddp.launch.ssh.relay import Relay
@@ -193,9 +193,25 @@ def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]
 
 
 def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
-    """One attempt: GO to every chosen host, relay until the end, report its failure."""
-    job = launch.job
-    log_dir = Path(job.logs.dir) / launch.run_id
+    """One attempt, step by step: each chosen host's log opened, GO to every host at once, relay
+    until the end, report its failure."""
+    log_dir = Path(launch.job.logs.dir) / launch.run_id
+    launchers = _launchers(launch, start, number, log_dir)
+    try:
+        start_hosts(launchers)
+        outcome = _relay(launch, launchers, log_dir, stop)
+    finally:
+        for launcher in launchers:
+            launcher.log.close()
+    report = format_outcome(launch.job.name, outcome)
+    if report:
+        launch.console.write_err(report + f"\n  head's copy of each host's output: {log_dir}/ssh-<host>.log\n")
+    return outcome
+
+
+def _launchers(launch: Launch, start: Start, number: int, log_dir: Path) -> list[RemoteLauncher]:
+    """Every chosen host as the head follows it, each with the head's copy of its output (a
+    restart marker first on a restart), and the run's launcher.json, before any host starts."""
     log_dir.mkdir(parents=True, exist_ok=True)
     launchers = [RemoteLauncher(session=s, plan=p, log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
                  for s, p in zip(start.sessions, start.plans)]
@@ -204,21 +220,20 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
             launcher.log.write(restart_marker(number))
     write_launcher_file(log_dir, socket.gethostname(), launch.run_id,
                         list(range(sum(p.nproc for p in start.plans))), hosts=[p.host for p in start.plans])
-    relay = Relay(launchers, launch.console, launch.settings, grace_period=job.grace_period,
+    return launchers
+
+
+def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop: _Stop) -> Outcome:
+    """Relay the started hosts until the end; a stop signal that came before is acted on at once."""
+    relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
                   heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir)
     stop.relay = relay
     if stop.signum is not None:
         relay.request_stop(f"{signal.Signals(stop.signum).name} on the head", stop.signum)
     try:
-        outcome = relay.run()
+        return relay.run()
     finally:
         stop.relay = None
-        for launcher in launchers:
-            launcher.log.close()
-    report = format_outcome(job.name, outcome)
-    if report:
-        launch.console.write_err(report + f"\n  head's copy of each host's output: {log_dir}/ssh-<host>.log\n")
-    return outcome
 
 
 def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]:

@@ -78,9 +78,11 @@ class Console:
         self._write(self.stdout if stream == "out" else self.stderr, line)
 
 
-def send_plan(launcher: RemoteLauncher) -> None:
-    """GO: the stub on the host reads its launcher's argv, env and directory and execs it."""
-    launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
+def start_hosts(launchers: Sequence[RemoteLauncher]) -> None:
+    """GO to every host, one after the other with nothing in between: each stub reads its
+    launcher's argv, env and directory and execs it. The relay reads what they write next."""
+    for launcher in launchers:
+        launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
 
 
 def drain(launcher: RemoteLauncher, on_line: LineHandler) -> None:

@@ -42,7 +42,8 @@ from clusterddp.stackreport import HostStacks
 
 
 class Relay:
-    """Drives all launchers from GO to the end; see the module docstring for teardown."""
+    """Drives all launchers from GO (``io.start_hosts``, the head's step before the relay) to
+    the end; see the module docstring for teardown."""
 
     def __init__(self, launchers: list[RemoteLauncher], console: Console,
                  settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
@@ -77,7 +78,6 @@ class Relay:
         start = time.monotonic()
         selector = selectors.DefaultSelector()
         for launcher in self.launchers:
-            io.send_plan(launcher)
             selector.register(launcher.channel.fileno(), selectors.EVENT_READ, launcher)
         next_beat = time.monotonic() + self.heartbeat_interval
         try:
