@@ -101,7 +101,7 @@ class Start:
     master_port: int
 
 
-def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[str], None]) -> Start:
+def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:
     """Probe the candidates, choose this attempt's hosts, and plan each one's launcher.
 
     Node 0's address is the master unless the user gave one; when the first candidate is
@@ -137,10 +137,10 @@ def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[st
     plans = plan_launchers(launch, chosen, master_addr or "", port, number)
     world = sum(p.nproc for p in plans)
     if number == 0:
-        say(f"preflight passed on {len(chosen)} hosts in {time.monotonic() - started:.1f}s; "
+        launch.console.say(f"preflight passed on {len(chosen)} hosts in {time.monotonic() - started:.1f}s; "
             f"master {master_addr}:{port}" + (f", world size {world}" if launch.job.elastic else ""))
     else:
-        say(start_line(number, [p.host for p in plans], world, selection.left_out + list(dead.items())))
+        launch.console.say(start_line(number, [p.host for p in plans], world, selection.left_out + list(dead.items())))
     return Start(chosen, plans, master_addr or "", port)
 
 
