@@ -13,6 +13,8 @@ files in the run's log directory) is spelled here and nowhere else:
 - ``S`` on stdin, head -> remote launcher, "dump your stacks": ``STACKS_REQUEST_BYTE``
 - ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
 - ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
+- SIGTERM, SIGINT, SIGHUP, SIGQUIT to a launcher or to the SSH head: stop the job in an
+  orderly way (``STOP_SIGNALS``; workers learn them as ``TORCHELASTIC_SIGNALS_TO_HANDLE``)
 - variables the supervisor gives every worker: ``STACKS_FILE_ENV`` (the bootstrap dumps
   there), ``HEARTBEAT_FILE_ENV`` (``train.heartbeat()`` touches it), ``SUPERVISOR_ID_ENV``
   (the reaper finds the job's processes by it)
@@ -49,6 +51,9 @@ REMOTE_BLOCK_HEADER = b"clusterddp: stacks of "
 STACKS_REQUEST_BYTE = b"S"
 #: Sent to a run's launcher by ``clusterddp stacks``: the same request, keep running.
 STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
+#: The signals a launcher (``launch/supervisor.py``) and the SSH head (``launch/ssh/fanout.py``)
+#: turn into an orderly stop of the job, exit 128+N (like torchrun's --signals-to-handle).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 #: Real-time signal the worker bootstrap arms for stack dumps (SIGUSR1/2 belong to the script).
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 #: The file a worker's bootstrap appends its faulthandler dumps to.

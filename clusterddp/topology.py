@@ -29,8 +29,6 @@ PORT_SPAN = 12000
 #: DDP (gradient all-reduce, sharded data) without taking every core of a laptop or login
 #: node; ``cpu`` asks for one per core.
 CPU_AUTO_WORKERS = 2
-#: The signals the launcher turns into an orderly stop, announced to workers as torchrun does.
-STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 @dataclass(frozen=True)

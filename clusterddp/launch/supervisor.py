@@ -24,11 +24,8 @@ from clusterddp.launch.restart import AttemptEnd, RestartPolicy, exit_code
 from clusterddp.launch.waker import Waker
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
-from clusterddp.protocol import STACKS_REQUEST_SIGNAL, result_line, write_launcher_file
-from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
-
-#: Signals that stop the job in an orderly way (like torchrun's --signals-to-handle).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_SIGNAL_NAMES)
+from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, write_launcher_file
+from clusterddp.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -220,8 +217,8 @@ class LocalSupervisor:
             return previous
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, self._on_stop_signal)
-        for sig in self.options.forward_signals:
-            previous[sig] = signal.signal(sig, self._on_forward_signal)
+        for forwarded in self.options.forward_signals:
+            previous[forwarded] = signal.signal(forwarded, self._on_forward_signal)
         previous[STACKS_REQUEST_SIGNAL] = signal.signal(STACKS_REQUEST_SIGNAL, self._on_stacks_signal)
         previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: self._wake.set())
         return previous

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV
-from clusterddp.topology import STOP_SIGNAL_NAMES, Topology
+from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, STOP_SIGNALS, SUPERVISOR_ID_ENV
+from clusterddp.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class WorkerEnv:
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
             "TORCHELASTIC_RUN_ID": topology.run_id,
             "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(STOP_SIGNAL_NAMES),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(sig.name for sig in STOP_SIGNALS),
             "NODE_RANK": str(topology.node_rank),
             "CLUSTERDDP_BACKEND": topology.backend,
         })

@@ -1,11 +1,12 @@
-"""The restart rules of a fan-out (clusterddp.launch.ssh.attempts), with plain values."""
+"""The rules of a fan-out's attempts (clusterddp.launch.ssh.attempt) and of choosing their hosts
+(clusterddp.launch.ssh.hosts), with plain values."""
 
 from __future__ import annotations
 
 import pytest
 
-from clusterddp.launch.ssh.attempts import (Attempt, choose_hosts, next_backoff, restart_line, start_line,
-                                            too_few)
+from clusterddp.launch.ssh.attempt import Attempt, next_backoff, restart_line, start_line
+from clusterddp.launch.ssh.hosts import choose_hosts, too_few
 
 
 def attempt(number: int, code: int, failure: str | None = "h4: connection lost") -> Attempt:

@@ -84,9 +84,10 @@ def test_worker_failure_on_host3_stops_every_host(lab4: SSHLab, head_factory) ->
     assert re.search(r"host: +cdssh3 \(10\.78\.0\.4\), node rank 2", stderr), head.output()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
 def test_head_signal_stops_every_host(lab4: SSHLab, head_factory, signum: int) -> None:
-    """Ctrl-C or SIGTERM to the head: every host clean within 3 s, exit code 128+signal."""
+    """Each stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT, as on one node) to the head: every host
+    clean within 3 s, exit code 128+signal."""
     job = write_job(lab4, "wait_forever.py")
     head = head_factory(str(job), "--hostfile", str(lab4.hostfile))
     head.wait_for(r"ready rank", count=8)

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from clusterddp import exitcodes
-from clusterddp.launch.ssh.outcome import (HOST_LOST, HostState, failure_reason, host_exit_code, job_result,
-                                           root_cause, unhandled_failure)
+from clusterddp.launch.ssh.outcome import (HOST_LOST, HostState, Outcome, attempt_failure, failure_reason,
+                                           format_outcome, host_exit_code, job_result, root_cause,
+                                           unhandled_failure)
 
 NOW = 1000.0
 LOST = "connection lost (no TCP acknowledgement for 5s: link down or host dead?)"
@@ -99,3 +100,21 @@ def test_unhandled_failure(specs: list[dict[str, Any]], expected: str | None) ->
     """The head stops the job for the first host that failed before it was told to stop, saying why."""
     host = unhandled_failure(hosts(*specs))
     assert (failure_reason(host) if host else None) == expected
+
+
+def test_report_over_plain_data_names_the_first_failure_and_every_host() -> None:
+    """The closing report and the attempt's failure line come from plain host states alone."""
+    states = hosts({"result": failed(3, at=NOW, rank=4, local_rank=0, pid=77, log="/l/rank4.log", tail=["boom"])},
+                   {"result": {"exit_code": 143}, "eof_sent": True}, {"result": {"exit_code": 0}})
+    states[0].address, states[0].node_rank = "10.0.0.2", 2
+    code, root = job_result(states, None, None, NOW)
+    outcome = Outcome(exit_code=code, root=root, stop_reason="n0 failed (exit code 3)", launchers=states, seconds=1.0)
+    lines = format_outcome("t", outcome).splitlines()
+    assert lines[:3] == ["clusterddp: job 't' failed on n0: rank 4 exit code 3",
+                         "  root cause (first failure across hosts):",
+                         "    host:       n0 (10.0.0.2), node rank 2"]
+    assert "      boom" in lines and lines[-3:] == [
+        "    n0               node 2   failed: rank 4 exit code 3",
+        "    n1               node 0   stopped by clusterddp (exit 143)",
+        "    n2               node 0   finished (exit 0)"]
+    assert attempt_failure(outcome) == "n0: rank 4 exit code 3"

@@ -1,8 +1,15 @@
 """One attempt of a fan-out: probe the candidate hosts, choose the ones it runs on, and plan
-each one's launcher (the exact argv and env its stub will ``execve``).
+each one's launcher (the exact argv and env its stub will ``execve``); then, once it ended,
+whether there is a next one.
 
-``fanout`` runs attempts; the rules for choosing hosts and for restarting are the pure
-functions of ``attempts``. Everything here talks to hosts only through ``preflight``.
+``fanout`` runs attempts; the rules for choosing hosts are ``hosts``' (``choose_hosts``).
+Everything here talks to hosts only through ``preflight``.
+
+The head owns restarts of a fan-out (``restarts: N``): any failure (a rank's non-zero exit, a
+lost host, a hang) stops every host as before, then the whole job starts again on every
+host with the same run id and ``--restart-count K`` (TORCHELASTIC_RESTART_COUNT=K). No host
+ever restarts its own group alone: its peers would not come back with it. ``Attempt``,
+``next_backoff`` and the lines below are pure functions over plain data.
 """
 
 from __future__ import annotations
@@ -10,19 +17,54 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
-from clusterddp.launch.ssh.attempts import choose_hosts, start_line, too_few
+from clusterddp.exitcodes import NOT_RESTARTED
+from clusterddp.launch.restart import backoff_seconds
 from clusterddp.launch.ssh.connect import ConnectSettings
-from clusterddp.launch.ssh.hosts import Host
+from clusterddp.launch.ssh.hosts import Host, choose_hosts, too_few
 from clusterddp.launch.ssh.io import Console
-from clusterddp.launch.ssh.options import FanoutOptions
 from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_hosts,
                                              raise_problems, start_sessions)
 from clusterddp.launch.ssh.remote_command import LaunchPlan, launcher_argv, launcher_env
 from clusterddp.spec import JobSpec
 from clusterddp.topology import choose_port, count_workers, is_loopback
+
+
+@dataclass(frozen=True)
+class FanoutOptions:
+    """What the command line adds to the job file for a fan-out (None: the job decides)."""
+
+    #: Hostfile path; wins over ``ssh.hostfile`` and ``ssh.hosts`` of the job.
+    hostfile: str | None = None
+    #: Host globs; ``include`` replaces the job's, ``exclude`` adds to the job's.
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    #: ``--nproc-per-node`` as given (int, 'auto', 'gpu', 'cpu'): wins over hostfile slots.
+    nproc_per_node: int | str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    run_id: str | None = None
+    #: Connect and preflight every host, print each host's plan and command, start nothing.
+    dry_run: bool = False
+    #: Flags every remote launcher gets as well (``--restarts 2``, ``--log-dir D`` ...): the
+    #: remote reads the job file itself, so command-line overrides must travel with it.
+    launcher_args: tuple[str, ...] = ()
+    #: Remote working directory; default: the head's (a shared filesystem is assumed).
+    cwd: str | None = None
+    #: Head environment the allow-list is taken from; default ``os.environ``.
+    head_env: Mapping[str, str] | None = None
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 6.0
+    stdout: BinaryIO | None = None
+    stderr: BinaryIO | None = None
+    #: Run this instead of the job's script (``("-m", "pkg.mod", ...)``): the job still gives
+    #: hosts, env, interpreter and workers per host. ``clusterddp doctor`` runs its worker so.
+    command: tuple[str, ...] | None = None
+    #: Called with every host's session once all probes are in, before the checks: the
+    #: doctor prints each host's facts even when some host fails preflight.
+    on_probed: Callable[[Sequence[HostSession]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +101,7 @@ class Start:
     master_port: int
 
 
-def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[str], None]) -> Start:
+def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:
     """Probe the candidates, choose this attempt's hosts, and plan each one's launcher.
 
     Node 0's address is the master unless the user gave one; when the first candidate is
@@ -95,10 +137,10 @@ def prepare(launch: Launch, number: int, dead: dict[str, str], say: Callable[[st
     plans = plan_launchers(launch, chosen, master_addr or "", port, number)
     world = sum(p.nproc for p in plans)
     if number == 0:
-        say(f"preflight passed on {len(chosen)} hosts in {time.monotonic() - started:.1f}s; "
+        launch.console.say(f"preflight passed on {len(chosen)} hosts in {time.monotonic() - started:.1f}s; "
             f"master {master_addr}:{port}" + (f", world size {world}" if launch.job.elastic else ""))
     else:
-        say(start_line(number, [p.host for p in plans], world, selection.left_out + list(dead.items())))
+        launch.console.say(start_line(number, [p.host for p in plans], world, selection.left_out + list(dead.items())))
     return Start(chosen, plans, master_addr or "", port)
 
 
@@ -209,3 +251,52 @@ def _address_of(host: Host) -> str | None:
         return str(socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror:
         return None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the whole job, as the final report lists it."""
+
+    #: 0 for the first start; TORCHELASTIC_RESTART_COUNT of its workers.
+    number: int
+    hosts: tuple[str, ...]
+    world_size: int
+    exit_code: int
+    #: ``cdssh4: connection lost (...)``: the first failure, if any.
+    failure: str | None
+    seconds: float
+
+    def line(self) -> str:
+        """``attempt 1: 4 hosts (world size 4) cdssh1,...: exit 255 after 12.3s, cdssh4: ...``"""
+        how = "finished" if self.exit_code == 0 else f"exit {self.exit_code}"
+        hosts = ",".join(self.hosts) if len(self.hosts) <= 8 else f"{','.join(self.hosts[:8])},..."
+        text = (f"attempt {self.number + 1}: {len(self.hosts)} host(s) (world size {self.world_size}) {hosts}: "
+                f"{how} after {self.seconds:.1f}s")
+        return text + (f"; first failure {self.failure}" if self.failure else "")
+
+
+def next_backoff(attempts: Sequence[Attempt], restarts: int, stopping: bool) -> float | None:
+    """Seconds to wait before the next attempt, or None when the last one ends the job: it
+    succeeded, the head was told to stop, the restarts are used up, or its exit is one a
+    restart cannot fix (75: preempted, the scheduler's business; 65: non-finite loss)."""
+    last = attempts[-1]
+    if last.exit_code == 0 or stopping or last.number >= restarts or last.exit_code in NOT_RESTARTED:
+        return None
+    return backoff_seconds(last.number)
+
+
+def restart_line(last: Attempt, restarts: int, backoff: float, dead: dict[str, str]) -> str:
+    """The one line a restart prints: which attempt failed and why, what comes next."""
+    text = (f"attempt {last.number + 1} failed ({last.failure or f'exit {last.exit_code}'}); "
+            f"restarting the whole job in {backoff:.0f}s (restart {last.number + 1} of {restarts})")
+    if dead:
+        text += "; left out: " + ", ".join(f"{name} ({why})" for name, why in dead.items())
+    return text
+
+
+def start_line(number: int, hosts: Sequence[str], world_size: int, left_out: Sequence[tuple[str, str]]) -> str:
+    """The line a restarted attempt prints once its hosts are chosen."""
+    text = f"restart {number}: {len(hosts)} host(s) {','.join(hosts)} (world size {world_size})"
+    if left_out:
+        text += "; not used: " + "; ".join(f"{name}: {why}" for name, why in left_out)
+    return text

@@ -4,7 +4,7 @@ Steps: hosts (hostfile + ssh_config) -> per attempt (``attempt``): connect and p
 candidate in parallel, preflight (all problems at once, nothing started), choose the hosts,
 one ``LaunchPlan`` per host -> GO to every stub at once -> relay output and heartbeats until
 the end -> report naming the host that failed first -> with ``restarts: N``, the whole job
-again (``attempts`` holds the rules). docs/ssh.md is the user's guide to all of it.
+again (``attempt`` holds the rules). docs/ssh.md is the user's guide to all of it.
 """
 
 from __future__ import annotations
@@ -16,31 +16,29 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
 from clusterddp.launch import runlock
 from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
-from clusterddp.launch.ssh.attempt import Launch, Start, dry_run_text, prepare, refuse_loopback
-from clusterddp.launch.ssh.attempts import Attempt, next_backoff, restart_line
+from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, next_backoff,
+                                           prepare, refuse_loopback, restart_line)
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
-from clusterddp.launch.ssh.io import Console, RemoteLauncher
-from clusterddp.launch.ssh.options import FanoutOptions
+from clusterddp.launch.ssh.io import Console, RemoteLauncher, start_hosts
 from clusterddp.launch.ssh.preflight import PreflightError
-from clusterddp.launch.ssh.relay import Outcome, Relay
+from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, format_outcome
+from clusterddp.launch.ssh.relay import Relay
 from clusterddp.launch.ssh.remote_command import forwarded_env
-from clusterddp.launch.ssh.summary import format_outcome, host_failure
-from clusterddp.protocol import STACKS_REQUEST_SIGNAL, restart_marker, write_launcher_file
+from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, restart_marker, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
 from clusterddp.topology import default_run_id
 
 __all__ = ["FanoutOptions", "fanout_options", "head_launch_env", "run_fanout"]
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FDS_PER_HOST = 5
 
 
@@ -67,7 +65,6 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     """Run ``job`` on every host (restarting the whole job up to ``restarts`` times); return the
     exit code (0, or the first failure's of the last attempt)."""
     console = Console(options.stdout or sys.stdout.buffer, options.stderr or sys.stderr.buffer)
-    say = console.say
     entries = _entries(job, options)
     ssh = replace(job.ssh, config_file=_job_path(job, job.ssh.config_file),
                   known_hosts=_job_path(job, job.ssh.known_hosts),
@@ -84,14 +81,14 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
                      master_addr=master_addr, python=job.python or sys.executable, cwd=options.cwd or os.getcwd(),
                      base_env=head_launch_env(job, head_env), target=target, paths=paths, low=low, high=high,
                      console=console)
-    _raise_fd_limit(len(hosts), say)
+    _raise_fd_limit(len(hosts), console)
     nodes = f", nodes {low}:{high} of {len(hosts)} listed" if job.elastic else ""
-    say(f"{len(hosts)} hosts{nodes}, run id {run_id}; host keys: {settings.policy_name}")
+    console.say(f"{len(hosts)} hosts{nodes}, run id {run_id}; host keys: {settings.policy_name}")
     stop = _Stop()
     _install(stop)
     head_lock = runlock.RankLocks()
     try:
-        return _attempts(launch, stop, say, head_lock)
+        return _attempts(launch, stop, head_lock)
     finally:
         _restore(stop)
         head_lock.release()
@@ -108,12 +105,13 @@ def _node_bounds(job: JobSpec, hosts: Sequence[Host]) -> tuple[int, int]:
     return low, high
 
 
-def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None], head_lock: runlock.RankLocks) -> int:
+def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks) -> int:
     """Start the job, and start it again after a failure while restarts are left.
 
     ``head_lock`` takes the run's head lock once the first preflight passed, before any host
     starts: a second job with this run id would overwrite launcher.json and append to the
     first's ssh-<host>.log (its hosts would refuse it too, later and once per host)."""
+    console = launch.console
     attempts: list[Attempt] = []
     dead: dict[str, str] = {}  # hosts whose connection was lost in the last attempt
     while True:
@@ -121,21 +119,21 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None], head_lock
         start: Start | None = None
         try:
             try:
-                start = prepare(launch, number, dead, say)
+                start = prepare(launch, number, dead)
             except PreflightError as exc:
                 if not attempts:
                     raise
-                say(f"restart {number}: {exc}")
+                console.say(f"restart {number}: {exc}")
                 for detail in exc.details:
-                    say(f"  {detail}")
-                return _finish(attempts, say)
+                    console.say(f"  {detail}")
+                return _finish(attempts, launch.console)
             if launch.options.dry_run:
                 launch.console.write_out(dry_run_text(launch.job, start.plans, start.sessions, start.master_addr,
                                                       start.master_port, launch.run_id))
                 return 0
             if stop.signum is not None:
-                say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
-                return 128 + stop.signum if not attempts else _finish(attempts, say)
+                console.say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
+                return 128 + stop.signum if not attempts else _finish(attempts, launch.console)
             if not head_lock.fds:
                 head_lock.fds = runlock.lock_head(str(Path(launch.job.logs.dir) / launch.run_id),
                                                   launch.job.where("logs.dir"), launch.run_id).fds
@@ -146,29 +144,20 @@ def _attempts(launch: Launch, stop: _Stop, say: Callable[[str], None], head_lock
                 session.close()
         attempts.append(Attempt(number=number, hosts=tuple(p.host for p in start.plans),
                                 world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
-                                failure=_failure(outcome), seconds=time.monotonic() - began))
+                                failure=attempt_failure(outcome), seconds=time.monotonic() - began))
         backoff = next_backoff(attempts, launch.job.restarts, stopping=stop.signum is not None)
         if backoff is None:
-            return _finish(attempts, say)
+            return _finish(attempts, launch.console)
         dead = {lau.name: f"connection lost in attempt {number + 1}" for lau in outcome.launchers
                 if lau.lost} if launch.job.elastic else {}
-        say(restart_line(attempts[-1], launch.job.restarts, backoff, dead))
+        console.say(restart_line(attempts[-1], launch.job.restarts, backoff, dead))
         # The backoff counts from the failure: stopping the other hosts was part of it.
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
         if _pause(backoff - stopping, stop):
             signum = stop.signum or signal.SIGTERM
-            say(f"{signal.Signals(signum).name} before the restart: not restarting")
-            _finish(attempts, say)
+            console.say(f"{signal.Signals(signum).name} before the restart: not restarting")
+            _finish(attempts, launch.console)
             return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
-
-
-def _failure(outcome: Outcome) -> str | None:
-    """``cdssh4: connection lost (...)``, the first failure of an attempt, for its report line."""
-    if outcome.root is not None:
-        return f"{outcome.root.name}: {host_failure(outcome.root)}"
-    if outcome.exit_code != 0:
-        return outcome.stop_reason or "a host failed"
-    return None
 
 
 def _pause(seconds: float, stop: _Stop) -> bool:
@@ -181,12 +170,12 @@ def _pause(seconds: float, stop: _Stop) -> bool:
     return stop.signum is not None
 
 
-def _finish(attempts: Sequence[Attempt], say: Callable[[str], None]) -> int:
+def _finish(attempts: Sequence[Attempt], console: Console) -> int:
     """The job's exit code (its last attempt's); after restarts, one line per attempt."""
     if len(attempts) > 1:
-        say(f"{len(attempts)} attempts:")
+        console.say(f"{len(attempts)} attempts:")
         for attempt in attempts:
-            say(f"  {attempt.line()}")
+            console.say(f"  {attempt.line()}")
     return attempts[-1].exit_code if attempts else 1
 
 
@@ -203,9 +192,25 @@ def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]
 
 
 def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
-    """One attempt: GO to every chosen host, relay until the end, report its failure."""
-    job = launch.job
-    log_dir = Path(job.logs.dir) / launch.run_id
+    """One attempt, step by step: each chosen host's log opened, GO to every host at once, relay
+    until the end, report its failure."""
+    log_dir = Path(launch.job.logs.dir) / launch.run_id
+    launchers = _launchers(launch, start, number, log_dir)
+    try:
+        start_hosts(launchers)
+        outcome = _relay(launch, launchers, log_dir, stop)
+    finally:
+        for launcher in launchers:
+            launcher.log.close()
+    report = format_outcome(launch.job.name, outcome)
+    if report:
+        launch.console.write_err(report + f"\n  head's copy of each host's output: {log_dir}/ssh-<host>.log\n")
+    return outcome
+
+
+def _launchers(launch: Launch, start: Start, number: int, log_dir: Path) -> list[RemoteLauncher]:
+    """Every chosen host as the head follows it, each with the head's copy of its output (a
+    restart marker first on a restart), and the run's launcher.json, before any host starts."""
     log_dir.mkdir(parents=True, exist_ok=True)
     launchers = [RemoteLauncher(session=s, plan=p, log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
                  for s, p in zip(start.sessions, start.plans)]
@@ -214,21 +219,20 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
             launcher.log.write(restart_marker(number))
     write_launcher_file(log_dir, socket.gethostname(), launch.run_id,
                         list(range(sum(p.nproc for p in start.plans))), hosts=[p.host for p in start.plans])
-    relay = Relay(launchers, launch.console, launch.settings, grace_period=job.grace_period,
+    return launchers
+
+
+def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop: _Stop) -> Outcome:
+    """Relay the started hosts until the end; a stop signal that came before is acted on at once."""
+    relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
                   heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir)
     stop.relay = relay
     if stop.signum is not None:
         relay.request_stop(f"{signal.Signals(stop.signum).name} on the head", stop.signum)
     try:
-        outcome = relay.run()
+        return relay.run()
     finally:
         stop.relay = None
-        for launcher in launchers:
-            launcher.log.close()
-    report = format_outcome(job.name, outcome)
-    if report:
-        launch.console.write_err(report + f"\n  head's copy of each host's output: {log_dir}/ssh-<host>.log\n")
-    return outcome
 
 
 def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]:
@@ -272,7 +276,7 @@ def _job_path(job: JobSpec, path: str | None) -> str | None:
     return path if os.path.isabs(path) or job.source is None else os.path.join(job.base_dir, path)
 
 
-def _raise_fd_limit(n_hosts: int, say) -> None:  # type: ignore[no-untyped-def]
+def _raise_fd_limit(n_hosts: int, console: Console) -> None:
     """Each host holds ~4 descriptors (socket, the channel's select pipe, the log copy): lift
     the soft limit towards the hard one so a few hundred hosts do not hit the usual 1024."""
     import resource
@@ -283,7 +287,7 @@ def _raise_fd_limit(n_hosts: int, say) -> None:  # type: ignore[no-untyped-def]
         target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
-            say(f"warning: {n_hosts} hosts need about {needed} file descriptors, the hard limit is {hard}")
+            console.say(f"warning: {n_hosts} hosts need about {needed} file descriptors, the hard limit is {hard}")
 
 
 def _install(stop: _Stop) -> None:

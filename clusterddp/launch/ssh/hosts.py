@@ -1,8 +1,17 @@
-"""Where each host really is: hostfile entries combined with the job's ``ssh:`` and ssh_config.
+"""The hosts of a fan-out: where each one really is, and which ones an attempt runs on.
+
+Where: hostfile entries combined with the job's ``ssh:`` and ssh_config.
 
 Precedence for each setting, like OpenSSH's command line over its config file: the hostfile
 entry (``user@host``), then the job's ``ssh:`` section, then the ssh_config file, then the
 defaults (the alias itself, port 22, the head's user, ~/.ssh keys and the agent).
+
+Which: with ``nodes: "MIN:MAX"`` the hostfile may list spares. Before every attempt each
+candidate is probed; hosts that are unreachable or fail preflight are left out, and so is a
+host whose connection was lost in the last attempt (a dead node: probing it again would only
+wait out the connect timeout). A host whose launcher died while its sshd still answers is
+tried again: the node is fine. The first MAX healthy hosts in hostfile order run the attempt;
+fewer than MIN ends the job, naming every host left out and why (``choose_hosts``, ``too_few``).
 """
 
 from __future__ import annotations
@@ -11,8 +20,8 @@ import getpass
 import os
 import re
 import shlex
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Sequence, TypeVar
 
 import paramiko
 
@@ -27,6 +36,8 @@ DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 UNSUPPORTED = ("proxycommand", "proxyjump")
 #: A ``Match`` line as paramiko reads it (``Match`` or ``Match=``, any case); group 1: criteria.
 _MATCH = re.compile(r"\s*match(?:\s*=\s*|\s+)(.*?)\s*", re.IGNORECASE)
+
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -122,3 +133,33 @@ def resolve_hosts(entries: Sequence[HostEntry], spec: SSHSpec, config: paramiko.
             origin=entry.origin,
         ))
     return hosts
+
+
+@dataclass
+class Selection(Generic[S]):
+    """The hosts an attempt runs on, and every candidate left out with the reason."""
+
+    chosen: list[S] = field(default_factory=list)
+    left_out: list[tuple[str, str]] = field(default_factory=list)
+
+
+def choose_hosts(candidates: Sequence[tuple[str, S, Sequence[str]]], high: int) -> Selection[S]:
+    """The first ``high`` healthy candidates in order; ``candidates`` are (name, session,
+    problems). The others are left out with their problems (or as spares)."""
+    selection: Selection[S] = Selection()
+    for name, session, problems in candidates:
+        if problems:
+            selection.left_out.append((name, "; ".join(problems)))
+        elif len(selection.chosen) < high:
+            selection.chosen.append(session)
+        else:
+            selection.left_out.append((name, f"spare (nodes: at most {high})"))
+    return selection
+
+
+def too_few(ready: int, low: int, high: int) -> str | None:
+    """Why an attempt cannot start with ``ready`` hosts (None: it can)."""
+    if ready >= low:
+        return None
+    need = f"{low}" if low == high else f"at least {low} (nodes: {low}:{high})"
+    return f"{ready} host(s) ready, the job needs {need}"

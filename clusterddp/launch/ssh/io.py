@@ -27,7 +27,7 @@ class RemoteLauncher(HostState):
     """The launcher on one host, as the head sees it: its state plus its session and log."""
 
     def __init__(self, session: HostSession, plan: LaunchPlan, log: BinaryIO) -> None:
-        super().__init__(name=session.host.name)
+        super().__init__(name=session.host.name, address=session.host.address, node_rank=plan.node_rank)
         self.session = session
         self.plan = plan
         #: The head's copy of everything the host wrote.
@@ -78,9 +78,11 @@ class Console:
         self._write(self.stdout if stream == "out" else self.stderr, line)
 
 
-def send_plan(launcher: RemoteLauncher) -> None:
-    """GO: the stub on the host reads its launcher's argv, env and directory and execs it."""
-    launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
+def start_hosts(launchers: Sequence[RemoteLauncher]) -> None:
+    """GO to every host, one after the other with nothing in between: each stub reads its
+    launcher's argv, env and directory and execs it. The relay reads what they write next."""
+    for launcher in launchers:
+        launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
 
 
 def drain(launcher: RemoteLauncher, on_line: LineHandler) -> None:

@@ -1,4 +1,5 @@
-"""How a fan-out run ended, from what the head knows of each host: pure functions over plain data.
+"""How a fan-out run ended, from what the head knows of each host, and the report that says so:
+pure functions over plain data.
 
 ``HostState`` is that knowledge (the launcher's result line, the SSH exit status, a lost
 link, when the host failed, whether the head had already told it to stop); nothing here
@@ -12,6 +13,9 @@ The rules, in order:
   (``root_cause``), and its exit code is the job's;
 - otherwise a signal to the head gives ``128 + signal``;
 - otherwise any failed host, or a host that never reported back, fails the job.
+
+``format_outcome`` is the head's closing report: which host failed first, and what became of
+every host.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
 from clusterddp import exitcodes
+from clusterddp.launch.logs import visible_text
 
 #: Exit code when a host is lost (ssh's own convention for connection errors).
 HOST_LOST = 255
@@ -41,6 +46,9 @@ class HostState:
     done: bool = False
     #: The head closed this launcher's stdin: what it does next is a consequence, not a cause.
     eof_sent: bool = False
+    #: Where the host is and its node rank, for the report.
+    address: str = ""
+    node_rank: int = 0
 
     @property
     def exit_code(self) -> int | None:
@@ -52,6 +60,19 @@ class HostState:
 
 
 H = TypeVar("H", bound=HostState)
+
+
+@dataclass
+class Outcome:
+    """How the run ended: exit code, the host blamed first, and why the head stopped it."""
+
+    exit_code: int
+    root: HostState | None
+    stop_reason: str | None
+    launchers: Sequence[HostState]
+    seconds: float
+    #: When the head began stopping the hosts (monotonic), if it had to.
+    stop_began: float | None = None
 
 
 def host_exit_code(result: dict[str, Any] | None, exit_status: int | None, lost: str | None) -> int | None:
@@ -113,3 +134,73 @@ def job_result(hosts: Sequence[H], hang: H | None, stop_signal: int | None, now:
     else:
         code = 0
     return code, root
+
+
+def attempt_failure(outcome: Outcome) -> str | None:
+    """``cdssh4: connection lost (...)``, the first failure of an attempt, for its report line."""
+    if outcome.root is not None:
+        return f"{outcome.root.name}: {host_failure(outcome.root)}"
+    if outcome.exit_code != 0:
+        return outcome.stop_reason or "a host failed"
+    return None
+
+
+def format_outcome(job_name: str, outcome: Outcome) -> str:
+    """Root cause first (host, node rank, rank, exit, log, last lines), then one line per host."""
+    root = outcome.root
+    lines: list[str] = []
+    if root is not None:
+        lines.append(f"clusterddp: job '{job_name}' failed on {root.name}: {host_failure(root)}")
+        lines.append("  root cause (first failure across hosts):")
+        lines.append(f"    host:       {root.name} ({root.address}), node rank {root.node_rank}")
+        cause = (root.result or {}).get("root_cause")
+        if cause:
+            exit_text = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
+            lines.append(f"    rank:       {cause.get('rank')} (local rank {cause.get('local_rank')}), "
+                         f"pid {cause.get('pid')}")
+            lines.append(f"    exit:       {exit_text}")
+            lines.append(f"    log:        {cause.get('log')} (on {root.name})")
+            if cause.get("tail"):
+                lines.append("    last lines:")
+                # A worker's own words, as the host's report shows them (the head's Console masks).
+                lines.extend(f"      {visible_text(str(line))}" for line in cause["tail"])
+        if outcome.exit_code == exitcodes.HANG and outcome.stop_reason:
+            lines.append(f"    verdict:    {outcome.stop_reason}")
+    elif outcome.exit_code != 0:
+        lines.append(f"clusterddp: job '{job_name}' stopped: {outcome.stop_reason or 'a host failed'}")
+    else:
+        return ""
+    lines.append("  hosts:")
+    for launcher in outcome.launchers:
+        lines.append(f"    {launcher.name:<16} node {launcher.node_rank:<3} {_state(launcher)}")
+    return "\n".join(lines)
+
+
+def host_failure(launcher: HostState) -> str:
+    """Why a host counts as failed: its lost link, its first rank's exit, or its launcher's."""
+    if launcher.lost:
+        return launcher.lost
+    cause = (launcher.result or {}).get("root_cause")
+    if cause:
+        outcome = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exit_code')}"
+        return f"rank {cause.get('rank')} {outcome}"
+    reason = (launcher.result or {}).get("reason")
+    if launcher.exit_code is None:
+        return reason or "still stopping"
+    if launcher.result is None and launcher.exit_status == -1:
+        return "the launcher died without an exit status (killed by a signal?), its host still answering"
+    return f"launcher exit code {launcher.exit_code}" + (f" ({reason})" if reason else "")
+
+
+def _state(launcher: HostState) -> str:
+    if launcher.lost:
+        return launcher.lost
+    if not launcher.done:
+        return "did not report back (stopped by process-group kill or unreachable)"
+    code = launcher.exit_code
+    if code == 0:
+        return "finished (exit 0)"
+    cause = (launcher.result or {}).get("root_cause")
+    if launcher.eof_sent and not (cause and not cause.get("stopped_by_us")):
+        return f"stopped by clusterddp (exit {code})"
+    return f"failed: {host_failure(launcher)}"

@@ -6,7 +6,7 @@ head spends per host is one paramiko transport thread plus a few syscalls per li
 
 - ``io``: each host's channel read line by line, lines relayed, heartbeats sent, its end noticed;
 - ``teardown``: stopping every host (stdin closed, then a process-group kill over SSH);
-- ``outcome``: the job's exit code and root cause across hosts, pure functions over plain data;
+- ``outcome``: the job's exit code and root cause across hosts, and the report, pure functions over plain data;
 - ``stacks``: one round of "where is each rank" across hosts.
 
 Teardown is layered, each layer covering the failure of the one before:
@@ -26,9 +26,7 @@ hosts said where their ranks are, so the report can name the rank holding everyo
 from __future__ import annotations
 
 import selectors
-import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from clusterddp import exitcodes
@@ -36,28 +34,16 @@ from clusterddp.atomicfile import WriteError
 from clusterddp.launch.ssh import io
 from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
-from clusterddp.launch.ssh.outcome import failure_reason, job_result, unhandled_failure
+from clusterddp.launch.ssh.outcome import Outcome, failure_reason, job_result, unhandled_failure
 from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
 from clusterddp.launch.ssh.teardown import Teardown
 from clusterddp.protocol import RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_stacks, write_stacks_report
 from clusterddp.stackreport import HostStacks
 
 
-@dataclass
-class Outcome:
-    """How the run ended: exit code, the host blamed first, and why the head stopped it."""
-
-    exit_code: int
-    root: RemoteLauncher | None
-    stop_reason: str | None
-    launchers: list[RemoteLauncher]
-    seconds: float
-    #: When the head began stopping the hosts (monotonic), if it had to.
-    stop_began: float | None = None
-
-
 class Relay:
-    """Drives all launchers from GO to the end; see the module docstring for teardown."""
+    """Drives all launchers from GO (``io.start_hosts``, the head's step before the relay) to
+    the end; see the module docstring for teardown."""
 
     def __init__(self, launchers: list[RemoteLauncher], console: Console,
                  settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
@@ -92,7 +78,6 @@ class Relay:
         start = time.monotonic()
         selector = selectors.DefaultSelector()
         for launcher in self.launchers:
-            io.send_plan(launcher)
             selector.register(launcher.channel.fileno(), selectors.EVENT_READ, launcher)
         next_beat = time.monotonic() + self.heartbeat_interval
         try:
@@ -224,7 +209,3 @@ class Relay:
             self._hang_reported = True
             host = self.hang_host.name if self.hang_host else round_.trigger
             self.request_stop(f"hang: no rank on {host} made progress for its hang_timeout; {merged.culprit()}")
-
-
-def signal_name(signum: int | None) -> str:
-    return signal.Signals(signum).name if signum else ""
