@@ -26,7 +26,7 @@ from typing import Sequence
 
 from clusterddp.devices import cpu_count, gpu_count
 from clusterddp.launch.ssh.fanout import FanoutOptions, run_fanout
-from clusterddp.launch.ssh.preflight import HeadFacts, HostSession
+from clusterddp.launch.ssh.reach import HeadFacts, HostSession
 from clusterddp.netperf import SLOW_FRACTION, Measurements, allreduce_table, node_figures, node_table
 from clusterddp.protocol import DOCTOR_MARKER
 from clusterddp.spec import JobSpec, load_job

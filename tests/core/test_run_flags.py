@@ -12,7 +12,7 @@ import pytest
 from clusterddp import cli, validate
 from clusterddp.launch import flags
 from clusterddp.launch.ssh.fanout import fanout_options
-from clusterddp.launch.ssh.remote_command import launcher_argv
+from clusterddp.launch.ssh.attempt import launcher_argv
 from clusterddp.spec import JobSpec
 from tests.conftest import REPO
 

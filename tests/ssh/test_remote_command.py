@@ -14,9 +14,8 @@ import pytest
 
 from clusterddp.hostfile import HostEntry
 from clusterddp.launch.ssh.hosts import resolve_hosts
-from clusterddp.launch.ssh.preflight import HeadFacts, HostSession, check_host
-from clusterddp.launch.ssh.remote_command import (LaunchPlan, forwarded_env, kill_command, launcher_argv,
-                                                  launcher_env, stub_command)
+from clusterddp.launch.ssh.attempt import forwarded_env, launcher_argv, launcher_env
+from clusterddp.launch.ssh.reach import HeadFacts, HostSession, LaunchPlan, check_host, kill_command, stub_command
 from clusterddp.sections.ssh import SSHSpec
 
 TRICKY = ["it's", 'say "hi"', "$(id)", "`id`", "a b", "x\ny", ";", "\\", "*", "$HOME"]

@@ -6,11 +6,13 @@ One module per concept, in the order a run meets them:
   each one the hosts started (``io.start_hosts``: GO to every stub) then relayed to the end
 - ``hosts``: the hosts and their choice: hostfile entries + ssh_config -> the address, port,
   user and keys of each host; which candidates an attempt runs on
-- ``attempt``: one attempt: probe, choose, plan each host's launcher; whether to restart
-  - ``connect``: one paramiko connection per host, host keys checked, TCP keepalive on
+- ``attempt``: one attempt: probe, choose, plan each host's launcher (its argv and env,
+  built, never concatenated); whether to restart
+  - ``reach``: reaching a host: one paramiko connection per host (host keys checked, TCP
+    keepalive on), the stub started and probed, every host's facts checked together
+    (preflight: all problems at once), the ``LaunchPlan`` each stub will exec, and the only
+    two shell strings that ever reach a host (the stub's start, the fallback kill)
   - ``stub``: the tiny program each host runs first: report facts, wait for "go", exec
-  - ``preflight``: every host's facts checked together; all problems reported at once
-  - ``remote_command``: the launcher's argv and env for one host, built, never concatenated
 - ``relay``: output relayed with heartbeats; any failure stops every host
   - ``io``: each host's channel read line by line, lines relayed, heartbeats sent; ``Console``,
     the head's one ``say``

@@ -1,9 +1,9 @@
 """One attempt of a fan-out: probe the candidate hosts, choose the ones it runs on, and plan
-each one's launcher (the exact argv and env its stub will ``execve``); then, once it ended,
-whether there is a next one.
+each one's launcher (the exact argv and env its stub will ``execve``, built here from parts:
+``launcher_argv``, ``launcher_env``); then, once it ended, whether there is a next one.
 
 ``fanout`` runs attempts; the rules for choosing hosts are ``hosts``' (``choose_hosts``).
-Everything here talks to hosts only through ``preflight``.
+Everything here talks to hosts only through ``reach`` (connect, stub, preflight).
 
 The head owns restarts of a fan-out (``restarts: N``): any failure (a rank's non-zero exit, a
 lost host, a hang) stops every host as before, then the whole job starts again on every
@@ -14,6 +14,7 @@ ever restarts its own group alone: its peers would not come back with it. ``Atte
 
 from __future__ import annotations
 
+import fnmatch
 import socket
 import time
 from dataclasses import dataclass
@@ -22,14 +23,23 @@ from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 from clusterddp.errors import RemoteError
 from clusterddp.exitcodes import NOT_RESTARTED
 from clusterddp.launch.restart import backoff_seconds
-from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.hosts import Host, choose_hosts, too_few
 from clusterddp.launch.ssh.io import Console
-from clusterddp.launch.ssh.preflight import (HeadFacts, HostSession, PreflightError, check_hosts,
-                                             raise_problems, start_sessions)
-from clusterddp.launch.ssh.remote_command import LaunchPlan, launcher_argv, launcher_env
+from clusterddp.launch.ssh.reach import (ConnectSettings, HeadFacts, HostSession, LaunchPlan, PreflightError,
+                                         check_hosts, raise_problems, start_sessions)
 from clusterddp.spec import JobSpec
 from clusterddp.topology import choose_port, count_workers, is_loopback
+
+
+#: Head variables every remote launcher gets (names, or prefixes ending in '*'). Per-host
+#: variables (CUDA_VISIBLE_DEVICES, LD_LIBRARY_PATH, PATH, HOME) are deliberately absent:
+#: the remote host's own values are the right ones.
+ENV_ALLOW: tuple[str, ...] = (
+    "NCCL_*", "GLOO_*", "TORCH_*", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER",
+    "PYTHONWARNINGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG",
+)
+#: Set from the detected route to the master unless the user set them.
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -300,3 +310,42 @@ def start_line(number: int, hosts: Sequence[str], world_size: int, left_out: Seq
     if left_out:
         text += "; not used: " + "; ".join(f"{name}: {why}" for name, why in left_out)
     return text
+
+
+def forwarded_env(head_env: Mapping[str, str], extra: Iterable[str] = (),
+                  passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """The head's variables on the allow-list (plus ``ssh.env_allow``), and the job's
+    ``env_passthrough`` names, exactly (they travel in the stub's JSON, never in a shell line)."""
+    patterns = (*ENV_ALLOW, *extra)
+    names = set(passthrough)
+    return {k: v for k, v in head_env.items()
+            if k in names or any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+
+
+def launcher_env(base: Mapping[str, str], job_env: Mapping[str, str], interface: str | None) -> dict[str, str]:
+    """Forwarded head env, then the detected interface (unless already set), then the job's env."""
+    env = dict(base)
+    if interface:
+        for name in IFNAME_VARS:
+            if name not in job_env and name not in base:
+                env[name] = interface
+    env.update(job_env)
+    return env
+
+
+def launcher_argv(python: str, target: list[str], *, nnodes: int, node_rank: int, master_addr: str,
+                  master_port: int, run_id: str, nproc: int, heartbeat_timeout: float,
+                  extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """``python -m clusterddp run JOB --nnodes ... --watch-stdin --report-json [extra]``.
+
+    ``target`` is ``[job_path]`` or ``["--", script, args...]`` (torchrun style, no job file);
+    the ``--`` part goes last so the launcher's own flags cannot be mistaken for the script's.
+    """
+    job_part = [] if target and target[0] == "--" else list(target)
+    command_part = list(target) if target and target[0] == "--" else []
+    return (python, "-m", "clusterddp", "run", *job_part,
+            "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--master-addr", master_addr, "--master-port", str(master_port),
+            "--run-id", run_id, "--nproc-per-node", str(nproc),
+            "--watch-stdin", "--heartbeat-timeout", f"{heartbeat_timeout:g}", "--report-json",
+            *extra, *command_part)

@@ -23,15 +23,13 @@ from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, sel
 from clusterddp.launch import runlock
 from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
-from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, next_backoff,
-                                           prepare, refuse_loopback, restart_line)
-from clusterddp.launch.ssh.connect import ConnectSettings
+from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, forwarded_env,
+                                           next_backoff, prepare, refuse_loopback, restart_line)
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.io import Console, RemoteLauncher, start_hosts
-from clusterddp.launch.ssh.preflight import PreflightError
 from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, format_outcome
+from clusterddp.launch.ssh.reach import ConnectSettings, PreflightError
 from clusterddp.launch.ssh.relay import Relay
-from clusterddp.launch.ssh.remote_command import forwarded_env
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, restart_marker, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec

@@ -12,10 +12,8 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Sequence
 
-from clusterddp.launch.ssh.connect import USER_TIMEOUT_MS
 from clusterddp.launch.ssh.outcome import HostState
-from clusterddp.launch.ssh.preflight import HostSession
-from clusterddp.launch.ssh.remote_command import LaunchPlan
+from clusterddp.launch.ssh.reach import USER_TIMEOUT_MS, HostSession, LaunchPlan
 from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result
 from clusterddp.redact import mask
 

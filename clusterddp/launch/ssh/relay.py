@@ -32,9 +32,9 @@ from pathlib import Path
 from clusterddp import exitcodes
 from clusterddp.atomicfile import WriteError
 from clusterddp.launch.ssh import io
-from clusterddp.launch.ssh.connect import ConnectSettings
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.outcome import Outcome, failure_reason, job_result, unhandled_failure
+from clusterddp.launch.ssh.reach import ConnectSettings
 from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
 from clusterddp.launch.ssh.teardown import Teardown
 from clusterddp.protocol import RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_stacks, write_stacks_report

@@ -9,9 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from clusterddp.launch.ssh.connect import ConnectError, ConnectSettings, open_client
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
-from clusterddp.launch.ssh.remote_command import kill_command
+from clusterddp.launch.ssh.reach import ConnectError, ConnectSettings, kill_command, open_client
 
 KILL_MARGIN = 2.0
 
