@@ -329,10 +329,18 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from clusterddp.launch.run import run_job
+    """``clusterddp run``: the job fanned out over SSH, or run on this node; the launcher's exit code."""
+    from clusterddp.launch.options import wants_fanout
 
     job = _load(args)
-    return run_job(job, run_options(args), dict(os.environ))
+    options = run_options(args)
+    if wants_fanout(job, options):
+        from clusterddp.launch.ssh.fanout import fanout_options, run_fanout
+
+        return run_fanout(job, fanout_options(options))
+    from clusterddp.launch.local import run_local
+
+    return run_local(job, options, dict(os.environ))
 
 
 def _env(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
-"""The options records of ``clusterddp run``: what the command line adds to the job file.
+"""The options records of ``clusterddp run``: what the command line adds to the job file, and
+the one choice they make with it: fan out over SSH or run on this node (``wants_fanout``).
 
-A leaf of ``launch``: it imports no other launch module, so the entry point (``launch.run``),
-the run on this node (``launch.local``) and the SSH head (``launch.ssh.fanout``) all read
-these records without importing each other.
+A leaf of ``launch``: it imports no other launch module, so the entry point (``cli``), the run
+on this node (``launch.local``) and the SSH head (``launch.ssh.fanout``) all read these
+records without importing each other.
 """
 
 from __future__ import annotations
@@ -51,3 +52,12 @@ class RunOptions:
         """The placement flags, for the cluster environments."""
         return Overrides(nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,
                          master_port=self.master_port, run_id=self.run_id, job=job)
+
+
+def wants_fanout(job: JobSpec, options: RunOptions) -> bool:
+    """Fan out over SSH: a hostfile was given, or the job names hosts and no flag places this node."""
+    if options.watch_stdin or options.node_rank is not None:
+        return False  # a launcher the head started on a host: never fan out again
+    if options.hostfile:
+        return True
+    return bool(job.ssh.hosts or job.ssh.hostfile) and not options.overrides(job).any_given

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterddp.launch.options import RunOptions
-from clusterddp.launch.run import wants_fanout
+from clusterddp.launch.options import RunOptions, wants_fanout
 from clusterddp.sections.ssh import SSHSpec
 from clusterddp.spec import JobSpec
 from clusterddp.topology import (CPU_AUTO_WORKERS, choose_port, count_workers, default_run_id, derive_port,
