@@ -13,10 +13,10 @@ One module per concept, in the order a run meets them:
     (preflight: all problems at once), the ``LaunchPlan`` each stub will exec, and the only
     two shell strings that ever reach a host (the stub's start, the fallback kill)
   - ``stub``: the tiny program each host runs first: report facts, wait for "go", exec
-- ``relay``: output relayed with heartbeats; any failure stops every host
+- ``relay``: output relayed with heartbeats; any failure stops every host (``Teardown``:
+  stdin closed, then a process-group kill over SSH)
   - ``io``: each host's channel read line by line, lines relayed, heartbeats sent; ``Console``,
     the head's one ``say``
-  - ``teardown``: every host stopped: stdin closed, then a process-group kill over SSH
   - ``stacks``: one "where is each rank" round across hosts
 - ``outcome``: the exit code, the host that failed first and the closing report, pure
   functions over plain data

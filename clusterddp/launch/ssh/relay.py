@@ -5,11 +5,12 @@ head spends per host is one paramiko transport thread plus a few syscalls per li
 ``Relay`` coordinates; each job has its module:
 
 - ``io``: each host's channel read line by line, lines relayed, heartbeats sent, its end noticed;
-- ``teardown``: stopping every host (stdin closed, then a process-group kill over SSH);
+- ``Teardown`` (below): stopping every host (stdin closed, then a process-group kill over SSH);
 - ``outcome``: the job's exit code and root cause across hosts, and the report, pure functions over plain data;
 - ``stacks``: one round of "where is each rank" across hosts.
 
-Teardown is layered, each layer covering the failure of the one before:
+Teardown is layered, each layer covering the failure of the one before (``Teardown`` runs
+layers 1 and 2):
 
 1. the head closes each launcher's stdin (EOF): the launcher stops its workers and reports;
 2. hosts still running ``grace + 2`` s later get ``kill -TERM -- -PGID`` over a new channel
@@ -27,18 +28,22 @@ from __future__ import annotations
 
 import selectors
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 from clusterddp import exitcodes
 from clusterddp.atomicfile import WriteError
 from clusterddp.launch.ssh import io
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.outcome import Outcome, failure_reason, job_result, unhandled_failure
-from clusterddp.launch.ssh.reach import ConnectSettings
+from clusterddp.launch.ssh.reach import ConnectError, ConnectSettings, kill_command, open_client
 from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
-from clusterddp.launch.ssh.teardown import Teardown
 from clusterddp.protocol import RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_stacks, write_stacks_report
 from clusterddp.stackreport import HostStacks
+
+#: Seconds between the teardown's layers: EOF, then ``grace + KILL_MARGIN`` TERM, then KILL.
+KILL_MARGIN = 2.0
 
 
 class Relay:
@@ -209,3 +214,75 @@ class Relay:
             self._hang_reported = True
             host = self.hang_host.name if self.hang_host else round_.trigger
             self.request_stop(f"hang: no rank on {host} made progress for its hang_timeout; {merged.culprit()}")
+
+
+class Teardown:
+    """One teardown of all hosts: ``begin`` once, then ``escalate`` on every loop turn."""
+
+    def __init__(self, settings: ConnectSettings, grace_period: float, console: Console) -> None:
+        self.settings = settings
+        self.grace_period = grace_period
+        self.console = console
+        #: When the head closed the launchers' stdin (monotonic); None until then.
+        self.started_at: float | None = None
+        self._term_sent = False
+        self._kill_sent = False
+        self._killers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ssh-kill")
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
+
+    def begin(self, launchers: Sequence[RemoteLauncher]) -> None:
+        """EOF on every running launcher's stdin: it stops its workers and reports."""
+        if self.started_at is not None:
+            return
+        self.started_at = time.monotonic()
+        for launcher in launchers:
+            if not launcher.done:
+                launcher.eof_sent = True
+                try:
+                    launcher.channel.shutdown_write()
+                except (OSError, EOFError, Exception):  # noqa: BLE001
+                    pass
+
+    def escalate(self, launchers: Sequence[RemoteLauncher], now: float) -> bool:
+        """Kill stragglers by process group; True when it is time to give up waiting."""
+        assert self.started_at is not None
+        waited = now - self.started_at
+        running = [lau for lau in launchers if not lau.done]
+        if not self._term_sent and waited > self.grace_period + KILL_MARGIN:
+            self._term_sent = True
+            for launcher in running:
+                self._killers.submit(self.kill, launcher, "TERM")
+        if not self._kill_sent and waited > self.grace_period + 2 * KILL_MARGIN:
+            self._kill_sent = True
+            for launcher in running:
+                self._killers.submit(self.kill, launcher, "KILL")
+        return waited > self.grace_period + 3 * KILL_MARGIN + self.settings.timeout
+
+    def kill(self, launcher: RemoteLauncher, signal_name: str) -> None:
+        """``kill -SIG -- -PGID`` over a second channel (or a fresh connection if needed)."""
+        facts = launcher.session.facts
+        command = kill_command(facts["pid"], facts["pgid"], signal_name)
+        transport = launcher.channel.get_transport()
+        client = None
+        try:
+            if transport is None or not transport.is_active():
+                client = open_client(launcher.session.host, self.settings)
+                transport = client.get_transport()
+            channel = transport.open_session(timeout=self.settings.timeout)
+            channel.exec_command(command)
+            channel.recv_exit_status()
+            channel.close()
+            self.console.say(f"sent SIG{signal_name} to the launcher's process group on {launcher.name}")
+        except (ConnectError, OSError, EOFError, Exception) as exc:  # noqa: BLE001
+            self.console.say(f"could not reach {launcher.name} to stop it ({exc}); it stops on its own when "
+                             "the heartbeat stops")
+        finally:
+            if client is not None:
+                client.close()
+
+    def close(self) -> None:
+        """Kills not yet under way are dropped: the run is over."""
+        self._killers.shutdown(wait=False, cancel_futures=True)
