@@ -30,6 +30,7 @@ from tests.conftest import REPO, cli_env
 from tests.testbed import containers
 from tests.testbed.slurm_cluster import SlurmCluster, SlurmNode, slurm_cluster
 from tests.testbed.slurm_cluster import unavailable_reason as slurm_unavailable
+from tests.slurm.test_slurm_cluster import batch_log, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(slurm_unavailable() is not None, reason=str(slurm_unavailable()))]
@@ -123,19 +124,6 @@ def write_job(directory: Path, name: str, script: Path, runtime: Runtime | None,
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def submit(cluster: SlurmCluster, job: Path) -> str:
-    result = subprocess.run([sys.executable, "-m", "clusterddp", "submit", "slurm", str(job)], cwd=job.parent,
-                            env=cluster.env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    job_id = result.stdout.strip()
-    assert job_id.isdigit(), result.stdout
-    return job_id
-
-
-def batch_log(job: Path, job_id: str) -> str:
-    return (job.parent / "logs" / f"{job.stem}-{job_id}.out").read_text(errors="replace")
 
 
 def assert_nothing_left(cluster: SlurmCluster, runtime: Runtime) -> None:
