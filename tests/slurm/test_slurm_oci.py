@@ -26,11 +26,11 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import cli_env
 from tests.testbed import containers
 from tests.testbed.slurm_cluster import SlurmCluster, SlurmNode, slurm_cluster
 from tests.testbed.slurm_cluster import unavailable_reason as slurm_unavailable
-from tests.slurm.test_slurm_cluster import batch_log, submit
+from tests.slurm.test_slurm_cluster import CIFAR10, batch_log, cifar10_args, submit, wait_for_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(slurm_unavailable() is not None, reason=str(slurm_unavailable()))]
@@ -184,18 +184,6 @@ def test_crash_on_node_two_stops_node_one(cluster: SlurmCluster, runtime: Runtim
     assert_nothing_left(cluster, runtime)
 
 
-def cifar10_args(out: Path, epochs: int, train_images: int) -> list[str]:
-    return ["--epochs", str(epochs), "--width", "8", "--batch-size", "8", "--synthetic-train", str(train_images),
-            "--synthetic-test", "64", "--workers", "0", "--out-dir", str(out)]
-
-
-def wait_for(path: Path, job: Path, job_id: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"no {path} after {timeout}s\n" + batch_log(job, job_id)
-        time.sleep(0.05)
-
-
 def launcher_pid(cluster: SlurmCluster, node: SlurmNode, job: Path) -> int:
     """The launcher (``python3 PYZ run JOB``) on ``node``, not a fork of another one."""
     def words(pid: int) -> list[str]:
@@ -223,11 +211,11 @@ def test_killed_launcher_restarts_in_the_allocation(cluster: SlurmCluster, runti
     """restarts: 1, node 2's containerized launcher killed -9 after jobs/cifar10.py's first
     checkpoint: one restart in the allocation, resumed from the checkpoint, COMPLETED, nothing left."""
     out = tmp_path / "out"
-    job = write_job(tmp_path, "restart", REPO / "jobs" / "cifar10.py", runtime, cifar10_args(out, 2, 256),
+    job = write_job(tmp_path, "restart", CIFAR10, runtime, cifar10_args(out, 2, 256),
                     restarts=1)
     job_id = submit(cluster, job)
     checkpoint = out / "checkpoints" / "last.pt"
-    wait_for(checkpoint, job, job_id)
+    wait_for_file(checkpoint, job, job_id, timeout=240)
     os.kill(launcher_pid(cluster, cluster.nodes[1], job), signal.SIGKILL)
     info = cluster.wait_state(job_id, DONE, timeout=300)
     log = batch_log(job, job_id)
@@ -244,10 +232,10 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster: SlurmCluster, runt
     """USR1 to the batch shell during epoch 2: the containerized workers checkpoint and exit 75,
     the job is requeued, and its second run resumes in the containers and COMPLETES."""
     out = tmp_path / "out"
-    job = write_job(tmp_path, "preempt", REPO / "jobs" / "cifar10.py", runtime, cifar10_args(out, 2, 512))
+    job = write_job(tmp_path, "preempt", CIFAR10, runtime, cifar10_args(out, 2, 512))
     job_id = submit(cluster, job)
     checkpoint = out / "checkpoints" / "last.pt"
-    wait_for(checkpoint, job, job_id)
+    wait_for_file(checkpoint, job, job_id, timeout=240)
     cluster.command("scancel", "--signal=USR1", "--batch", job_id)
     requeued = cluster.wait_state(job_id, ("PENDING", *DONE), timeout=120)
     assert requeued["JobState"] == "PENDING" and requeued["Restarts"] == "1", batch_log(job, job_id)
