@@ -37,7 +37,7 @@ class RestartPolicy:
 @dataclass(frozen=True)
 class AttemptEnd:
     """How one start of this node's group ended, for the lines printed after restarts (the
-    same shape as the SSH head's ``attempts.Attempt`` lines)."""
+    SSH head's ``ssh.attempt.Attempt`` lines share ``attempt_line``)."""
 
     #: 0 for the first start; TORCHELASTIC_RESTART_COUNT of its workers (less first_attempt).
     number: int
@@ -50,9 +50,16 @@ class AttemptEnd:
 
     def line(self) -> str:
         """``attempt 1: 2 rank(s) on node1: exit 124 after 3.1s; first failure hang: ...``"""
-        how = "finished" if self.exit_code == 0 else f"exit {self.exit_code}"
-        text = f"attempt {self.number + 1}: {self.ranks} rank(s) on {self.host}: {how} after {self.seconds:.1f}s"
-        return text + (f"; first failure {self.failure}" if self.failure else "")
+        return attempt_line(self.number, f"{self.ranks} rank(s) on {self.host}", self.exit_code, self.seconds,
+                            self.failure)
+
+
+def attempt_line(number: int, where: str, exit_code: int, seconds: float, failure: str | None) -> str:
+    """One attempt in the lines printed after restarts, the same on one node and from the SSH
+    head: ``attempt N: WHERE: finished|exit C after Ts[; first failure F]``."""
+    how = "finished" if exit_code == 0 else f"exit {exit_code}"
+    return f"attempt {number + 1}: {where}: {how} after {seconds:.1f}s" + (
+        f"; first failure {failure}" if failure else "")
 
 
 def backoff_seconds(restarts_done: int) -> float:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
-from clusterddp.exitcodes import NOT_RESTARTED
-from clusterddp.launch.restart import backoff_seconds
+from clusterddp.launch.restart import RestartPolicy, attempt_line
 from clusterddp.launch.ssh.hosts import Host, choose_hosts, too_few
 from clusterddp.launch.ssh.io import Console
 from clusterddp.launch.ssh.reach import (ConnectSettings, HeadFacts, HostSession, LaunchPlan, PreflightError,
@@ -278,11 +277,9 @@ class Attempt:
 
     def line(self) -> str:
         """``attempt 1: 4 hosts (world size 4) cdssh1,...: exit 255 after 12.3s, cdssh4: ...``"""
-        how = "finished" if self.exit_code == 0 else f"exit {self.exit_code}"
         hosts = ",".join(self.hosts) if len(self.hosts) <= 8 else f"{','.join(self.hosts[:8])},..."
-        text = (f"attempt {self.number + 1}: {len(self.hosts)} host(s) (world size {self.world_size}) {hosts}: "
-                f"{how} after {self.seconds:.1f}s")
-        return text + (f"; first failure {self.failure}" if self.failure else "")
+        return attempt_line(self.number, f"{len(self.hosts)} host(s) (world size {self.world_size}) {hosts}",
+                            self.exit_code, self.seconds, self.failure)
 
 
 def next_backoff(attempts: Sequence[Attempt], restarts: int, stopping: bool) -> float | None:
@@ -290,9 +287,7 @@ def next_backoff(attempts: Sequence[Attempt], restarts: int, stopping: bool) -> 
     succeeded, the head was told to stop, the restarts are used up, or its exit is one a
     restart cannot fix (75: preempted, the scheduler's business; 65: non-finite loss)."""
     last = attempts[-1]
-    if last.exit_code == 0 or stopping or last.number >= restarts or last.exit_code in NOT_RESTARTED:
-        return None
-    return backoff_seconds(last.number)
+    return RestartPolicy(restarts).backoff(last.number, last.exit_code or None, stopping)
 
 
 def restart_line(last: Attempt, restarts: int, backoff: float, dead: dict[str, str]) -> str:
