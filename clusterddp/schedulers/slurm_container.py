@@ -1,7 +1,8 @@
 """The container half of the sbatch script: how the srun step enters ``container.image``.
 
 Host side (the batch shell) does everything that needs SLURM's own commands: it expands the
-step's node list with ``scontrol`` and exports MASTER_ADDR and MASTER_PORT for each attempt,
+step's node list with ``scontrol`` and exports MASTER_ADDR for each attempt (the port each
+launcher derives from the job id, as on bare nodes, unless ``master.port`` fixes it),
 and it runs the restarts and the requeue. Inside the container only the launcher runs, from
 the single-file zipapp ``clusterddp pack`` builds (mounted read-only), with the image's
 ``python3``: it never calls ``scontrol`` or ``srun`` (pyxis issue 31: they are not in images).
@@ -34,7 +35,6 @@ from clusterddp.envs import slurm as slurm_env
 from clusterddp.schedulers import quoting as q
 from clusterddp.sections.container import SQUASHFS_SUFFIXES, image_problem, parse_mount, path_part_problem
 from clusterddp.spec import JobSpec
-from clusterddp.topology import PORT_BASE, PORT_SPAN
 
 #: The runtime a SLURM job gets when ``container.runtime`` is not given.
 DEFAULT_RUNTIME = "pyxis"
@@ -175,13 +175,8 @@ def _setup(job: JobSpec, runtime: str, pyz: str) -> str:
         lines.append(f"export MASTER_ADDR={shlex.quote(job.master.addr)}\n")
     if job.master.port:
         lines.append(f"export MASTER_PORT={q.integer(job.master.port, '<job>', 'master.port', 1, 65535)}\n")
-    else:
-        lines.append("# The port every node's launcher would derive from the job id (clusterddp.topology.derive_port).\n")
-        lines.append('run_id=$SLURM_JOB_ID\n')
-        lines.append('if [ -n "${SLURM_ARRAY_JOB_ID-}" ] && [ -n "${SLURM_ARRAY_TASK_ID-}" ]; then '
-                     'run_id=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi\n')
-        lines.append(f'export MASTER_PORT=$(( {PORT_BASE} + 16#$(printf %s "$run_id" | sha256sum | cut -c1-8) '
-                     f'% {PORT_SPAN} ))\n')
+    # Without master.port every launcher derives the same port from the job id it is handed
+    # (SLURM_JOB_ID, SLURM_ARRAY_*: clusterddp.envs.slurm), as on bare nodes: nothing to export.
     return "".join(lines)
 
 

@@ -14,7 +14,6 @@ from clusterddp.schedulers.slurm import render_sbatch
 from clusterddp.schedulers.slurm_container import BATCH_TASK_VARIABLES, CLEARED_VARIABLES
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.spec import JobSpec
-from clusterddp.topology import derive_port
 from tests.hostile.test_renderers import CANARY, CORPUS, launcher_words, recorded, render_or_refuse
 
 IMAGES = {"pyxis": "nvcr.io#nvidia/pytorch:24.05-py3", "apptainer": "/images/torch.sif", "oci": "/bundles/torch"}
@@ -52,14 +51,14 @@ def run(script: str, stubs: Path, work: Path, **env: str) -> subprocess.Complete
 
 @pytest.mark.parametrize("runtime", sorted(IMAGES))
 def test_step_options_and_host_side_master(runtime: str, stubs: Path, tmp_path: Path) -> None:
-    """srun gets the runtime's exact options; MASTER_ADDR (scontrol, host side) and MASTER_PORT
-    (the port every launcher derives from the job id) are exported before the step."""
+    """srun gets the runtime's exact options; MASTER_ADDR (scontrol, host side) is exported before
+    the step, MASTER_PORT is not: each launcher derives it from SLURM_JOB_ID, handed in below."""
     (tmp_path / "c.pyz").write_text("")
     job_path = str(tmp_path / "job.yaml")
     result = run(render_sbatch(job_for(runtime, tmp_path), job_path), stubs, tmp_path)
     assert result.returncode == 0, result.stderr
     argv, env = recorded(tmp_path, "srun")
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("n1", str(derive_port("7")))
+    assert env["MASTER_ADDR"] == "n1" and "MASTER_PORT" not in env and env["SLURM_JOB_ID"] == "7"
     tail = [*(["env", f"--chdir={tmp_path}"] if runtime == "oci" else ["env"]),
             *[w for n in CLEARED_VARIABLES for w in ("-u", n)],
             *[w for n in (BATCH_TASK_VARIABLES if runtime == "oci" else ()) for w in ("-u", n)], "python3", str(tmp_path / "c.pyz"), "run", job_path,
@@ -70,7 +69,7 @@ def test_step_options_and_host_side_master(runtime: str, stubs: Path, tmp_path: 
         assert argv[4:9] == [f"--container-image={IMAGES[runtime]}", f"--container-mounts={mounts}",
                              f"--container-workdir={tmp_path}", "--no-container-mount-home", argv[8]]
         names = argv[8].removeprefix("--container-env=").split(",")
-        assert {"MASTER_ADDR", "MASTER_PORT", "SLURM_NODEID", "SLURM_STEP_NODELIST", "CUDA_VISIBLE_DEVICES",
+        assert {"MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_NODEID", "SLURM_STEP_NODELIST", "CUDA_VISIBLE_DEVICES",
                 "NCCL_DEBUG", "SECRET", "SLURM_RESTART_COUNT"} <= set(names)
     elif runtime == "oci":
         assert argv[4] == f"--container={IMAGES[runtime]}"
