@@ -78,7 +78,7 @@ def write_atomically(path: str | os.PathLike[str], data: str | bytes, *, mode: i
             raise WriteError(name, (exc.strerror or type(exc).__name__) + kept) from None
         raise
     if durable:
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
 
 def _write_in_place(name: str, target: str, payload: bytes, old: os.stat_result) -> None:
@@ -92,8 +92,9 @@ def _write_in_place(name: str, target: str, payload: bytes, old: os.stat_result)
         raise WriteError(name, exc.strerror or type(exc).__name__) from None
 
 
-def _fsync_dir(directory: str) -> None:
-    """Make the rename durable; some filesystems refuse fsync on a directory, which is fine."""
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename durable: the directory entry lives in the directory's own blocks. Some
+    filesystems (certain network mounts) refuse fsync on a directory, which is fine."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:

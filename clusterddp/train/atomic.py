@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from clusterddp.atomicfile import fsync_dir
+
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write(f)`` on a temp file beside ``path`` and move it into place durably."""
@@ -28,17 +30,3 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
             tmp.unlink()
     fsync_dir(target.parent)
     return target
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename durable: the directory entry lives in the directory's own blocks."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems (e.g. certain network mounts) refuse fsync on directories
-    finally:
-        os.close(fd)
