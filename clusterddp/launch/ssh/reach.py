@@ -393,11 +393,6 @@ def check_host(session: HostSession, head: HeadFacts, torch_versions: set[str | 
     torch_versions.add(facts["torch"])
 
 
-def check_all(sessions: Sequence[HostSession], head: HeadFacts) -> None:
-    """Check every host; raise one PreflightError listing every host's problems."""
-    raise_problems(sessions, check_hosts(sessions, head))
-
-
 def check_hosts(sessions: Sequence[HostSession], head: HeadFacts) -> list[str]:
     """Check every host, each host's problems into its session; return the problems of the
     hosts together (they cannot be solved by leaving one host out)."""
