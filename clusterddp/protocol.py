@@ -23,6 +23,9 @@ files in the run's log directory) is spelled here and nowhere else:
   (``write_stacks_report`` / ``stacks_reports``)
 - ``CLUSTERDDP_DOCTOR {json}``, the doctor's worker (rank 0) -> ``clusterddp doctor``:
   ``DOCTOR_MARKER``
+- files in the directory the sbatch script hands each launcher (``--record-dir``):
+  ``node<R>.started`` and ``node<R>.exit`` (``write_record``; the script reads them by the
+  names ``record_name`` gives)
 
 The stub's ``CLUSTERDDP_PROBE`` line is the one exception: the stub (``launch/ssh/stub.py``)
 is sent as source to hosts where clusterddp may not be importable, so it spells its marker
@@ -67,6 +70,12 @@ SUPERVISOR_ID_ENV = "CLUSTERDDP_SUPERVISOR_ID"
 LAUNCHER_FILE = "launcher.json"
 #: The doctor's worker prints one line with this marker and its measurements as JSON.
 DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
+#: ``--record-dir DIR`` (the sbatch script's directory for one attempt): a launcher writes
+#: ``DIR/node<R>.started`` once it knows its node rank R and ``DIR/node<R>.exit`` (its exit
+#: status, digits) when it ends. srun exits 0 when no task launched (a SPANK plugin failing in
+#: the step), so the script reads these instead of trusting srun's status alone.
+RECORD_STARTED = "started"
+RECORD_EXIT = "exit"
 
 
 # -- lines on a remote launcher's stdout -------------------------------------------------------
@@ -196,3 +205,23 @@ def stacks_reports(run_dir: str, pid: int) -> set[str]:
     pattern = re.compile(rf"^stacks-\d{{8}}-\d{{6}}-{pid}(\.\d+)*\.txt$")
     return {path for path in glob.glob(os.path.join(run_dir, "stacks-*.txt"))
             if pattern.match(os.path.basename(path))}
+
+
+# -- files in the batch script's record directory ----------------------------------------------
+
+def record_name(node_rank: int | str, kind: str) -> str:
+    """``node<R>.<kind>``; the renderer passes the shell's ``$i`` as ``node_rank`` so the sbatch
+    script reads exactly the names the launcher writes."""
+    return f"node{node_rank}.{kind}"
+
+
+def write_record(directory: str, node_rank: int, kind: str, text: str) -> None:
+    """``directory/node<R>.<kind>``, written whole (clusterddp.atomicfile; raises its
+    WriteError): the batch shell on another node never reads half an exit status."""
+    from clusterddp.atomicfile import WriteError, write_atomically
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(directory, exc.strerror or type(exc).__name__) from None
+    write_atomically(os.path.join(directory, record_name(node_rank, kind)), text, durable=False)

@@ -205,6 +205,9 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("--restart-count", REMOTE, "this start is attempt K of a job restarted as a whole (by the SSH head or "
          "the batch script): no restarts of this node alone", checked(integer, validate.non_negative_problem),
          variable=True, metavar="K"),
+    Flag("--record-dir", REMOTE, "write DIR/node<R>.started once placed and DIR/node<R>.exit at the end (the "
+         "sbatch script reads them: srun exits 0 even when no task launched)", text(validate.path_problem),
+         metavar="DIR"),
     Flag("--workers-per-node", REMOTE, "every node's workers in node-rank order; ranks are their prefix sums",
          node_workers, metavar="N,N,..."),
 )

@@ -11,8 +11,10 @@ from clusterddp.envs import Overrides, detect
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch import plan as planning
 from clusterddp.launch import runlock
+from clusterddp.launch.record import LaunchRecord, exit_code_of
 from clusterddp.launch.logs import say
 from clusterddp.launch.rendezvous import master_wait, wait_for_master
+from clusterddp.launch.workers import WorkerPlan
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.spec import JobSpec
@@ -74,11 +76,27 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     if relaunch:
         sys.stdout.flush()
         os.execvp(relaunch[0], relaunch)
+    # From here on this node runs a launcher: the batch script learns that, and how it ended.
+    record = LaunchRecord(options.record_dir, topology.node_rank)
+    record.started()
+    try:
+        code = _run_placed(job, options, topology, plans, overrides.master_port, patience, cwd)
+    except BaseException as exc:
+        record.ended(exit_code_of(exc))
+        raise
+    record.ended(code)
+    return code
+
+
+def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: list[WorkerPlan],
+                master_port: int | None, patience: float, cwd: str) -> int:
+    """Everything after this node knows its place: check, wait for the master, lock the logs,
+    supervise the workers; the launcher's exit code."""
     planning.check_runnable(job, plans)
     for note in topology.notes:
         say(f"clusterddp: note: {note}")  # a closed console must not stop the job
     wait_for_master(topology.master_addr, topology.master_port, patience, say)
-    if topology.node_rank == 0 and (overrides.master_port or job.master.port) and _is_local(topology.master_addr):
+    if topology.node_rank == 0 and (master_port or job.master.port) and _is_local(topology.master_addr):
         check_port_free("", topology.master_port)
     run_dir = planning.run_dir(job, topology, cwd)
     locks = lock_logs(job, topology, options, run_dir, [plan.rank for plan in plans])

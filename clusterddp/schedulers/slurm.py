@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from clusterddp import __version__, pack
+from clusterddp import __version__, pack, protocol
 from clusterddp.errors import JobSpecError, SubmitError
 from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
@@ -71,11 +71,12 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         srun.append(f"--cpus-per-task={q.integer(slurm.cpus_per_task, where, 'slurm.cpus_per_task', 1)}")
     launcher = [q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
     container_setup = container_attempt = ""
+    launcher_cwd = None  # bare nodes: srun starts each launcher in this shell's directory
     if job.container.enabled:
         step = container_step(job, job_path, where, python, workdir)
         srun.extend(step.srun_options)
         launcher = list(step.launcher)
-        container_setup, container_attempt = step.setup, step.attempt
+        container_setup, container_attempt, launcher_cwd = step.setup, step.attempt, step.workdir
     values = {
         "version": __version__,
         "job_file": job_word,
@@ -96,12 +97,28 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         "preempted": str(PREEMPTED),
         "nonfinite": str(NONFINITE_LOSS),
         "requeue": "1" if slurm.requeue else "0",
+        "records_root": _records_root(job, where, launcher_cwd),
+        "started_name": protocol.record_name("$i", protocol.RECORD_STARTED),
+        "exit_name": protocol.record_name("$i", protocol.RECORD_EXIT),
     }
     try:
         return string.Template(load_template(TEMPLATE)).substitute(values)
     except (KeyError, ValueError) as exc:
         raise JobSpecError(where, None, "slurm",
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
+
+
+def _records_root(job: JobSpec, where: str, launcher_cwd: str | None) -> str:
+    """Where the launchers record each attempt (``logs.dir`` as every launcher sees it, so in
+    the container too): a relative logs.dir starts at the launcher's working directory, the
+    batch shell's own on bare nodes, the container's (mounted at its own path) otherwise."""
+    logs = job.logs.dir
+    word = q.path_word(logs, where, "logs.dir")
+    if os.path.isabs(logs):
+        return word
+    if launcher_cwd is not None:
+        return q.path_word(os.path.join(launcher_cwd, logs), where, "logs.dir")
+    return '"$PWD"/' + word
 
 
 def _setup(job: JobSpec, where: str) -> str:

@@ -71,6 +71,9 @@ class ContainerStep:
     launcher: tuple[str, ...]
     setup: str
     attempt: str
+    #: The launcher's working directory in the container (mounted at its own path): a
+    #: relative ``logs.dir`` starts there.
+    workdir: str
 
 
 def default_launcher(workdir: str) -> str:
@@ -119,7 +122,7 @@ def container_step(job: JobSpec, job_path: str, where: str, python: str | None, 
             launcher = ["/bin/bash", "-c", shlex.quote(APPTAINER_SHIM), "clusterddp-apptainer", *names, "--",
                         "apptainer", "exec", "--nv", "--cleanenv", *home, f"--pwd={shlex.quote(work)}",
                         shlex.quote(f"--bind={mounts}"), shlex.quote(image), *inner]
-    return ContainerStep(tuple(options), tuple(launcher), _setup(job, runtime, pyz), _attempt(job))
+    return ContainerStep(tuple(options), tuple(launcher), _setup(job, runtime, pyz), _attempt(job), work)
 
 
 def _image(image: str | None, runtime: str, where: str) -> str:
@@ -181,9 +184,8 @@ def _setup(job: JobSpec, runtime: str, pyz: str) -> str:
 
 
 def _attempt(job: JobSpec) -> str:
-    """Per attempt, host side: the master is the first node of this step (scontrol is here)."""
+    """Per attempt, host side: the master is the first node of this step (the script expanded
+    the step's nodes into ``step_hosts`` with scontrol, which is here)."""
     if job.master.addr:
         return ""
-    return ('    step_nodes=${nodelist_option[0]#--nodelist=}\n'
-            '    step_hosts=($(scontrol show hostnames "${step_nodes:-$SLURM_JOB_NODELIST}" 2>/dev/null))\n'
-            '    [ -z "${step_hosts[0]-}" ] || export MASTER_ADDR=${step_hosts[0]}\n')
+    return '    [ -z "${step_hosts[0]-}" ] || export MASTER_ADDR=${step_hosts[0]}\n'

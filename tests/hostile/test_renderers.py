@@ -28,6 +28,7 @@ from clusterddp.sections.slurm import SlurmSpec
 from clusterddp.spec import JobSpec, LogsSpec
 from clusterddp.validate import is_control
 from tests.hostile.sbatch_parse import directive_arguments, directive_lines_after_commands
+from tests.slurm.stubs import launcher_records
 
 CANARY = "pwned"
 CORPUS = [
@@ -80,11 +81,13 @@ SLURM_FIELDS: dict[str, Callable[[str], tuple[JobSpec, str, str]]] = {
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A bin dir whose srun/scontrol/sbatch/clusterddp record argv (NUL-separated) and env."""
+    """A bin dir whose srun/scontrol/sbatch/clusterddp record argv (NUL-separated) and env; srun
+    also leaves the records each node's launcher would."""
     bin_dir = tmp_path_factory.mktemp("stubs")
     for name in ("srun", "scontrol", "sbatch", "clusterddp"):
         stub = bin_dir / name
-        stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "$STUB_OUT/{name}.argv"\nenv -0 > "$STUB_OUT/{name}.env"\n')
+        stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "$STUB_OUT/{name}.argv"\nenv -0 > "$STUB_OUT/{name}.env"\n'
+                        + (launcher_records() if name == "srun" else ""))
         stub.chmod(0o755)
     return bin_dir
 
@@ -97,6 +100,12 @@ def run_script(script: str, stubs: Path, work: Path, *, shell_line: bool = False
     argv = ["bash", "-c", script] if shell_line else ["bash", "-s"]
     return subprocess.run(argv, input=None if shell_line else script.encode(), cwd=work, env=env,
                           capture_output=True, timeout=20)
+
+
+def record_dir(job: JobSpec, work: Path) -> str:
+    """The ``--record-dir`` of attempt 0 of job 7 run in ``work``: ``logs.dir`` as bare launchers see it."""
+    logs = job.logs.dir if os.path.isabs(job.logs.dir) else f"{work}/{job.logs.dir}"
+    return f"{logs}/7/launchers/0.0"
 
 
 def recorded(work: Path, name: str) -> tuple[list[str], dict[str, str]]:
@@ -152,13 +161,16 @@ def test_sbatch_for_every_hostile_value(field: str, stubs: Path, tmp_path: Path)
         args = check_structure(script)
         work = tmp_path / str(index)
         result = run_script(script, stubs, work)
+        if field == "logs.dir" and b"where the launchers record that they started: stopping" in result.stderr:
+            assert result.returncode == 1 and not (work / "srun.argv").exists()  # e.g. a name too long
+            continue
         if field != "slurm.setup":
             assert not (work / CANARY).exists(), (field, value)
             assert result.returncode == 0, result.stderr
         argv, env = recorded(work, "srun")
         interpreter = python or job.python or sys.executable
-        assert argv == [*SRUN_OPTIONS, interpreter, "-m", "clusterddp", "run", job_path, "--restart-count", "0"], \
-            (field, value)
+        assert argv == [*SRUN_OPTIONS, interpreter, "-m", "clusterddp", "run", job_path, "--restart-count", "0",
+                        "--record-dir", record_dir(job, work)], (field, value)
         if field == "env value":
             assert env["HOSTILE"] == value
         if field == "name":
@@ -252,7 +264,7 @@ def test_node_ranges_and_restarts(field: str, value: object, stubs: Path, tmp_pa
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / CANARY).exists()
     assert recorded(tmp_path, "srun")[0] == [*SRUN_OPTIONS, PYTHON, "-m", "clusterddp", "run", JOB_PATH,
-                                             "--restart-count", "0"]
+                                             "--restart-count", "0", "--record-dir", record_dir(job, tmp_path)]
 
 
 def test_passthrough_goes_to_sbatch_by_name_only() -> None:
@@ -273,7 +285,7 @@ def test_a_broken_setup_line_cannot_swallow_the_rest(stubs: Path, tmp_path: Path
     work = tmp_path / "w"
     run_script(render_sbatch(job, JOB_PATH, python=PYTHON), stubs, work)
     assert (work / "ok.txt").read_text() == "ok\n"
-    assert recorded(work, "srun")[0][-7:] == [PYTHON, "-m", "clusterddp", "run", JOB_PATH, "--restart-count", "0"]
+    assert recorded(work, "srun")[0][-9:-2] == [PYTHON, "-m", "clusterddp", "run", JOB_PATH, "--restart-count", "0"]
 
 
 # --- OpenPAI -------------------------------------------------------------------------------

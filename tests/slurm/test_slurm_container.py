@@ -15,17 +15,20 @@ from clusterddp.schedulers.slurm_container import BATCH_TASK_VARIABLES, CLEARED_
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.spec import JobSpec
 from tests.hostile.test_renderers import CANARY, CORPUS, launcher_words, recorded, render_or_refuse
+from tests.slurm.stubs import launcher_records
 
 IMAGES = {"pyxis": "nvcr.io#nvidia/pytorch:24.05-py3", "apptainer": "/images/torch.sif", "oci": "/bundles/torch"}
 
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """srun and apptainer record argv and env (NUL-separated); scontrol expands n[1-2]."""
+    """srun and apptainer record argv and env (NUL-separated), srun leaves the launchers' records;
+    scontrol expands n[1-2]."""
     bin_dir = tmp_path_factory.mktemp("ctr-stubs")
     for name in ("srun", "apptainer"):
         (bin_dir / name).write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "$STUB_OUT/{name}.argv"\n'
-                                    f'env -0 > "$STUB_OUT/{name}.env"\n')
+                                    f'env -0 > "$STUB_OUT/{name}.env"\n'
+                                    + (launcher_records() if name == "srun" else ""))
     (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "n1\\nn2\\n"\n')
     (bin_dir / "squeue").write_text("#!/bin/sh\n")
     for path in bin_dir.iterdir():
@@ -62,8 +65,8 @@ def test_step_options_and_host_side_master(runtime: str, stubs: Path, tmp_path: 
     tail = [*(["env", f"--chdir={tmp_path}"] if runtime == "oci" else ["env"]),
             *[w for n in CLEARED_VARIABLES for w in ("-u", n)],
             *[w for n in (BATCH_TASK_VARIABLES if runtime == "oci" else ()) for w in ("-u", n)], "python3", str(tmp_path / "c.pyz"), "run", job_path,
-            "--restart-count", "0"]
-    assert argv[-len(tail):] == tail
+            "--restart-count", "0", "--record-dir", f"{tmp_path}/logs/7/launchers/0.0"]
+    assert argv[-len(tail):] == tail  # a relative logs.dir starts at the container's workdir
     mounts = f"/datasets:/data:ro,{tmp_path}:{tmp_path}"
     if runtime == "pyxis":
         assert argv[4:9] == [f"--container-image={IMAGES[runtime]}", f"--container-mounts={mounts}",

@@ -15,6 +15,7 @@ from clusterddp.schedulers import get_scheduler
 from clusterddp.schedulers.slurm import SlurmOptions, SlurmScheduler, render_sbatch
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import cli, cli_env
+from tests.slurm.stubs import launcher_records
 
 GOLDEN = Path(__file__).parent / "golden"
 PYTHON = "/opt/venv/bin/python"
@@ -159,12 +160,22 @@ def test_unknown_action_is_refused() -> None:
 
 # --- in-allocation restarts: the rendered script run by bash with stub SLURM commands -------
 
-#: Stubs: srun records its argv (one line per call, words NUL-separated) and exits with the
-#: next code of $EXITS; scontrol and squeue answer from files; sleep only records its delay.
+#: What srun 22.05 prints for a task a SPANK plugin stopped from launching.
+LAUNCH_FAILED = "srun: error: task {} launch failed: Plugin initialization failed"
+#: Stubs: srun records its argv (one line per call, words NUL-separated), leaves each node's
+#: launcher records as a launcher would (tests/slurm/stubs.py) and exits with the next code of
+#: $EXITS; "nolaunch" is srun's answer when no task launched (its error lines, exit 0, no
+#: records), "half" the same for node 2 only, "silent" launchers that started and left no exit
+#: status. scontrol and squeue answer from files; sleep only records its delay.
 STUBS = {
     "srun": 'printf "%s\\0" "$@" >> "$WORK/srun.calls"; echo >> "$WORK/srun.calls"\n'
-            'n=$(wc -l < "$WORK/srun.calls"); code=$(echo "$EXITS" | cut -d, -f"$n")\n'
-            'if [ "$code" = usr1 ]; then kill -USR1 "$PPID"; sleep 0.2; code=143; fi\nexit "${code:-0}"\n',
+            'call=$(wc -l < "$WORK/srun.calls"); code=$(echo "$EXITS" | cut -d, -f"$call")\n'
+            'case "$code" in\n'
+            '    usr1) kill -USR1 "$PPID"; sleep 0.2; code=143 ;;\n'
+            f'    nolaunch) echo "{LAUNCH_FAILED.format(0)}" >&2; echo "{LAUNCH_FAILED.format(1)}" >&2; exit 0 ;;\n'
+            f'    half) echo "{LAUNCH_FAILED.format(1)}" >&2\n{launcher_records("0", nodes="1")}exit 0 ;;\n'
+            f'    silent) {launcher_records("")}exit 0 ;;\n'
+            'esac\n' + launcher_records("${code:-0}") + 'exit "${code:-0}"\n',
     "scontrol": 'case "$*" in\n'
                 '  "show hostnames "*) tr , "\\n" < "$WORK/hosts" ;;\n'
                 '  "-o show node "*) cat "$WORK/nodes" ;;\n'
@@ -195,23 +206,26 @@ def run_restarts(tmp_path: Path, exits: str, states: dict[str, str] | None = Non
     script = render_sbatch(JobSpec(**fields), "/jobs/r.yaml", python=PYTHON)  # type: ignore[arg-type]
     env = {"PATH": f"{stub_dir}:/usr/bin:/bin", "WORK": str(tmp_path), "EXITS": exits, "SLURM_JOB_ID": "7",
            "SLURM_JOB_NUM_NODES": str(len(states)), "SLURM_JOB_NODELIST": ",".join(states)}
-    result = subprocess.run(["bash", "-s"], input=script, cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=30)
+    with open(tmp_path / "batch.log", "w") as log:  # as under sbatch: the shell's stderr is a file
+        result = subprocess.run(["bash", "-s"], input=script, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=log, text=True, timeout=30)
+    result.stderr = (tmp_path / "batch.log").read_text()
     calls = (tmp_path / "srun.calls").read_text().split("\n")[:-1] if (tmp_path / "srun.calls").exists() else []
     return result, [call.split("\0")[:-1] for call in calls]
 
 
-def launcher_argv(attempt: int) -> list[str]:
-    return [PYTHON, "-m", "clusterddp", "run", "/jobs/r.yaml", "--restart-count", str(attempt)]
+def launcher_argv(attempt: int, tmp_path: Path) -> list[str]:
+    return [PYTHON, "-m", "clusterddp", "run", "/jobs/r.yaml", "--restart-count", str(attempt),
+            "--record-dir", f"{tmp_path}/logs/7/launchers/0.{attempt}"]
 
 
 def test_failed_step_restarts_in_the_allocation(tmp_path: Path) -> None:
     """restarts: 2, the first step killed (137): one restart on every healthy node, attempt 1, after 1 s."""
     result, calls = run_restarts(tmp_path, "137,0", restarts=2)
     assert result.returncode == 0, result.stderr
-    assert calls == [["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *launcher_argv(0)],
+    assert calls == [["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *launcher_argv(0, tmp_path)],
                      ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                      "--nodelist=n1,n2", *launcher_argv(1)]]
+                      "--nodelist=n1,n2", *launcher_argv(1, tmp_path)]]
     assert (tmp_path / "sleeps").read_text() == "1\n"
     lines = result.stderr.splitlines()
     assert ("clusterddp: attempt 0 ended with exit status 137; left out: none; restart 1 of 2 in 1s "
@@ -227,7 +241,7 @@ def test_restarts_back_off_up_to_30_s_and_end_with_the_last_status(tmp_path: Pat
     """Every step fails: 1 + restarts attempts, pauses 1, 2, 4 ... capped at 30 s, exit = last status."""
     result, calls = run_restarts(tmp_path, ",".join(["1"] * 8), restarts=7)
     assert result.returncode == 1
-    assert [call[-1] for call in calls] == [str(k) for k in range(8)]
+    assert [call[-3] for call in calls] == [str(k) for k in range(8)]
     assert (tmp_path / "sleeps").read_text().split() == ["1", "2", "4", "8", "16", "30", "30"]
     assert sum(line.startswith("clusterddp: final report: ") for line in result.stderr.splitlines()) == 8
 
@@ -294,3 +308,51 @@ def test_node_range_renders_min_max_and_uses_the_allocation(tmp_path: Path) -> N
     result, calls = run_restarts(tmp_path, "0", {"n1": "ALLOCATED", "n2": "ALLOCATED", "n3": "ALLOCATED"},
                                  nodes="2:4")
     assert result.returncode == 0 and calls[0][:2] == ["--nodes=3", "--ntasks=3"]
+
+
+# --- srun's status is one input: what the launchers recorded decides ------------------------
+
+def test_no_launcher_started_fails_the_attempt_though_srun_says_0(tmp_path: Path) -> None:
+    """srun exits 0 and no launcher recorded a start: each attempt fails naming both nodes and srun's last
+    error, restarts apply, and the job exits 1."""
+    result, calls = run_restarts(tmp_path, "nolaunch,nolaunch", restarts=1)
+    assert result.returncode == 1 and len(calls) == 2, result.stderr
+    lines = result.stderr.splitlines()
+    for attempt in (0, 1):
+        assert (f"clusterddp: attempt {attempt}: the launcher never started on 2 of 2 node(s): n1,n2; "
+                f"srun exited 0; srun's last error: {LAUNCH_FAILED.format(1)}") in lines
+    assert ("clusterddp: attempt 0 ended with exit status 1; left out: none; restart 1 of 1 in 1s "
+            "on 2 node(s): n1,n2") in lines
+    report = [line for line in lines if line.startswith("clusterddp: final report: ")]
+    assert len(report) == 2 and all(line.endswith("; the launcher never started on n1,n2") for line in report)
+    assert report[1].startswith("clusterddp: final report: attempt 1 on 2 node(s) n1,n2: exit status 1 after ")
+
+
+def test_one_node_without_a_launcher_fails_the_attempt(tmp_path: Path) -> None:
+    """Node 2's task never launched while node 1's launcher ended 0 and srun says 0: the attempt fails
+    naming n2 alone; the restart, where both launchers run, ends the job with 0."""
+    result, calls = run_restarts(tmp_path, "half,0", restarts=1)
+    assert result.returncode == 0 and len(calls) == 2, result.stderr
+    assert (f"clusterddp: attempt 0: the launcher never started on 1 of 2 node(s): n2; srun exited 0; "
+            f"srun's last error: {LAUNCH_FAILED.format(1)}") in result.stderr.splitlines()
+
+
+def test_a_launcher_that_left_no_exit_status_fails_the_attempt(tmp_path: Path) -> None:
+    """Both launchers started, neither recorded how it ended, srun says 0: the job exits 1, saying so."""
+    result, _ = run_restarts(tmp_path, "silent")
+    assert result.returncode == 1
+    assert ("clusterddp: attempt 0: srun exited 0, but the launcher on n1,n2 left no exit status"
+            in result.stderr.splitlines())
+
+
+def test_records_left_by_an_earlier_job_with_the_same_id_do_not_count(tmp_path: Path) -> None:
+    """Records an earlier job with the same id left (a controller whose ids started again) are removed
+    before the step: a launch that fails now is still seen as one."""
+    stale = tmp_path / "logs" / "7" / "launchers" / "0.0"
+    stale.mkdir(parents=True)
+    for rank in (0, 1):
+        (stale / f"node{rank}.started").write_text("pid 1 on n1\n")
+        (stale / f"node{rank}.exit").write_text("0\n")
+    result, _ = run_restarts(tmp_path, "nolaunch")
+    assert result.returncode == 1
+    assert "the launcher never started on 2 of 2 node(s): n1,n2" in result.stderr
