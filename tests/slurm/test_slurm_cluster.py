@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, cli_env
+from tests.testbed import spank
 from tests.testbed.slurm_cluster import SlurmCluster, SlurmNode, slurm_cluster, unavailable_reason
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
@@ -272,3 +273,34 @@ def test_run_in_a_hand_written_batch_script_fans_out(cluster: SlurmCluster, tmp_
     assert info["JobState"] == "COMPLETED", log
     ranks = sorted(int(r) for r in re.findall(r"hello from rank (\d)/4", log))
     assert ranks == [0, 1, 2, 3], log  # 4 workers: one launcher per node, not one per task
+
+
+@pytest.fixture(scope="module")
+def failspank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """failspank.so, built with gcc from tests/slurm/spank/failspank.c (skipped without gcc or libslurm-dev)."""
+    reason = spank.build_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return spank.build_failspank(tmp_path_factory.mktemp("failspank"))
+
+
+def test_a_step_whose_tasks_never_launch_fails_the_job(cluster: SlurmCluster, failspank: Path, tmp_path: Path) -> None:
+    """A SPANK plugin stops every task's launch and srun exits 0: the attempt fails naming both nodes and
+    srun's error, restarts: 1 runs it once more, and the job ends FAILED with exit 1, not COMPLETED."""
+    job = write_job(tmp_path, "nolaunch", REPO / "jobs" / "hello.py", restarts=1)
+    with spank.plugin_added(cluster.conf, f"required {failspank}"):
+        job_id = submit(cluster, job)
+        info = cluster.wait_state(job_id, DONE, timeout=120)
+    log = batch_log(job, job_id)
+    print("".join(line + "\n" for line in log.splitlines() if line.startswith("clusterddp:")), end="")
+    print(f"job {job_id}: JobState={info['JobState']} ExitCode={info['ExitCode']}")
+    assert spank.LAUNCH_FAILED in log, log
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
+    never = (r"clusterddp: attempt {}: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2; "
+             r"srun exited 0; srun's last error: srun: error: task \d " + re.escape(spank.LAUNCH_FAILED) + "\n")
+    assert re.search(never.format(0), log) and re.search(never.format(1), log), log
+    assert ("clusterddp: attempt 0 ended with exit status 1; left out: none; restart 1 of 1 in 1s on 2 node(s): "
+            "cdslurm1,cdslurm2\n") in log
+    assert re.search(r"clusterddp: final report: attempt 1 on 2 node\(s\) cdslurm1,cdslurm2: exit status 1 after", log)
+    assert "hello from rank" not in log
+    assert cluster.wait_clean(10) == {}
