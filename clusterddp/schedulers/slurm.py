@@ -30,7 +30,7 @@ from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers.common import write_output
 from clusterddp.schedulers import quoting as q
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
-from clusterddp.schedulers.slurm_container import container_step, default_launcher
+from clusterddp.schedulers.slurm_container import container_step, launcher_path
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
 
@@ -71,16 +71,16 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         srun.append(f"--cpus-per-task={q.integer(slurm.cpus_per_task, where, 'slurm.cpus_per_task', 1)}")
     launcher = [q.shell_word(interpreter, where, "python"), "-m", "clusterddp", "run", job_word]
     container_setup = container_attempt = ""
-    launcher_cwd = None  # bare nodes: srun starts each launcher in this shell's directory
+    launcher_cwd = pyz = None  # bare nodes: srun starts each launcher in this shell's directory
     if job.container.enabled:
         step = container_step(job, job_path, where, python, workdir)
         srun.extend(step.srun_options)
         launcher = list(step.launcher)
-        container_setup, container_attempt, launcher_cwd = step.setup, step.attempt, step.workdir
+        container_setup, container_attempt, launcher_cwd, pyz = step.setup, step.attempt, step.workdir, step.pyz
     values = {
         "version": __version__,
         "job_file": job_word,
-        "log_dir": q.path_word(job.logs.dir, where, "logs.dir"),
+        "by_hand": by_hand(job, "THIS_FILE", pyz, where),
         "sbatch_options": "\n".join(sbatch_options(job, where)),
         "setup": _setup(job, where),
         "exports": _exports(job, where),
@@ -106,6 +106,15 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
     except (KeyError, ValueError) as exc:
         raise JobSpecError(where, None, "slurm",
                            f"template {TEMPLATE} needs a value the renderer does not give: {exc}") from None
+
+
+def by_hand(job: JobSpec, script: str, pyz: str | None, where: str = "<job>") -> str:
+    """The commands that submit the script without ``clusterddp submit``: the log directory
+    first (sbatch does not make it), then, for a container job, the zipapp ``pyz`` its
+    container runs (submit builds it; without it the script stops with exit 2), then sbatch."""
+    steps = [f"mkdir -p {q.path_word(job.logs.dir, where, 'logs.dir')}",
+             *([f"clusterddp pack -o {shlex.quote(pyz)}"] if pyz else []), f"sbatch {script}"]
+    return " && ".join(steps)
 
 
 def _records_root(job: JobSpec, where: str, launcher_cwd: str | None) -> str:
@@ -253,8 +262,9 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
         return RenderedRequest(script, "sbatch --parsable SCRIPT (written under logs.dir first)", job)
 
     def wrote(self, request: RenderedRequest, path: str) -> None:
-        print(f"wrote {path}; submit it with: mkdir -p {shlex.quote(request.job.logs.dir)} && "
-              f"sbatch {shlex.quote(path)}")
+        job = request.job
+        pyz = launcher_path(job, os.getcwd()) if job.container.enabled else None
+        print(f"wrote {path}; submit it with: {by_hand(job, shlex.quote(path), pyz)}")
 
     def submit(self, request: RenderedRequest, options: SlurmOptions, env: Mapping[str, str]) -> int:
         """Check the secrets named by env_passthrough are set here, then hand the script to sbatch."""
@@ -268,7 +278,7 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
 def _ensure_launcher(job: JobSpec) -> None:
     """The zipapp the script's container runs (``clusterddp pack``), built here when missing:
     the login node has clusterddp, the image need not."""
-    path = job.container.launcher or default_launcher(job.container.workdir or os.getcwd())
+    path = launcher_path(job, os.getcwd())
     if not os.path.isfile(path):
         size = pack.build(path)
         print(f"clusterddp: wrote the launcher the container runs: {path} ({size} bytes)", file=sys.stderr)

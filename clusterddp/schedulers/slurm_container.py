@@ -74,11 +74,23 @@ class ContainerStep:
     #: The launcher's working directory in the container (mounted at its own path): a
     #: relative ``logs.dir`` starts there.
     workdir: str
+    #: The zipapp the container runs (``clusterddp pack -o`` it before a hand-run sbatch).
+    pyz: str
 
 
 def default_launcher(workdir: str) -> str:
     """Where the script looks for the zipapp when ``container.launcher`` is not given."""
     return f"{workdir.rstrip('/')}/.clusterddp/clusterddp-{__version__}.pyz"
+
+
+def launcher_path(job: JobSpec, workdir: str) -> str:
+    """The zipapp the script's container runs: ``container.launcher``, else the default under
+    the container's working directory (``container.workdir``, else ``workdir``, where the job
+    is rendered or submitted). The script, ``submit`` (which builds it) and the hint that names
+    ``clusterddp pack`` all ask here."""
+    spec = job.container
+    work = spec.workdir if spec.workdir is not None else workdir
+    return os.path.normpath(spec.launcher if spec.launcher is not None else default_launcher(work))
 
 
 def container_step(job: JobSpec, job_path: str, where: str, python: str | None, workdir: str | None) -> ContainerStep:
@@ -93,7 +105,7 @@ def container_step(job: JobSpec, job_path: str, where: str, python: str | None, 
         raise q.fail(where, "container.workdir", "required: the container's working directory",
                      "set container.workdir to an absolute path on the shared file system")
     work = _absolute(work, where, "container.workdir")
-    pyz = _absolute(spec.launcher if spec.launcher is not None else default_launcher(work), where, "container.launcher")
+    pyz = _absolute(launcher_path(job, work), where, "container.launcher")
     names = sorted({*LAUNCHER_VARIABLES, *job.env, *job.env_passthrough, *spec.env})
     for index, name in enumerate(spec.env):
         q.env_name(name, where, f"container.env[{index}]")
@@ -122,7 +134,7 @@ def container_step(job: JobSpec, job_path: str, where: str, python: str | None, 
             launcher = ["/bin/bash", "-c", shlex.quote(APPTAINER_SHIM), "clusterddp-apptainer", *names, "--",
                         "apptainer", "exec", "--nv", "--cleanenv", *home, f"--pwd={shlex.quote(work)}",
                         shlex.quote(f"--bind={mounts}"), shlex.quote(image), *inner]
-    return ContainerStep(tuple(options), tuple(launcher), _setup(job, runtime, pyz), _attempt(job), work)
+    return ContainerStep(tuple(options), tuple(launcher), _setup(job, runtime, pyz), _attempt(job), work, pyz)
 
 
 def _image(image: str | None, runtime: str, where: str) -> str:
@@ -148,8 +160,10 @@ def _absolute(path: str, where: str, key: str, hint: str | None = None) -> str:
 
 
 def _mounts(job: JobSpec, where: str, job_dir: str, work: str, pyz: str) -> str:
-    """The user's mounts, then the job's directory, the working directory and the zipapp's
-    directory at their own paths (left out when a mount already shows them there)."""
+    """The user's mounts, then the job's directory, the working directory, an absolute
+    ``logs.dir`` (the launcher writes its rank logs and its records there: docs/slurm.md, "Did
+    every launcher start?") and the zipapp's directory at their own paths (left out when a
+    mount already shows them there). A relative logs.dir is under the working directory."""
     entries, shown_at_own_path = [], []
     for index, mount in enumerate(job.container.mounts):
         try:
@@ -159,7 +173,10 @@ def _mounts(job: JobSpec, where: str, job_dir: str, work: str, pyz: str) -> str:
         entries.append(mount)
         if host == target:
             shown_at_own_path.append(host)
-    for path, flag in sorted(((job_dir, ""), (work, ""), (os.path.dirname(pyz), ":ro")), key=lambda p: len(p[0])):
+    own = [(job_dir, ""), (work, ""), (os.path.dirname(pyz), ":ro")]
+    if os.path.isabs(job.logs.dir):
+        own.append((_absolute(job.logs.dir, where, "logs.dir"), ""))
+    for path, flag in sorted(own, key=lambda p: len(p[0])):
         if any(path == seen or path.startswith(seen.rstrip("/") + "/") for seen in shown_at_own_path):
             continue
         entries.append(f"{path}:{path}{flag}")

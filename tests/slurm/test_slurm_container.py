@@ -4,16 +4,21 @@ every container field refused or delivered whole, and no canary ever runs (issue
 
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import clusterddp
 from clusterddp.schedulers.slurm import render_sbatch
 from clusterddp.schedulers.slurm_container import BATCH_TASK_VARIABLES, CLEARED_VARIABLES
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.spec import JobSpec
+from tests.conftest import cli, cli_env
 from tests.hostile.test_renderers import CANARY, CORPUS, launcher_words, recorded, render_or_refuse
 from tests.slurm.stubs import launcher_records
 
@@ -140,3 +145,52 @@ def test_every_hostile_value_of_every_container_field(field: str, runtime: str, 
             argv, _ = recorded(work, "srun")
             if runtime == "pyxis" and field == "image":
                 assert f"--container-image={value}" in argv
+
+
+def test_the_hint_of_a_container_script_names_the_pack_step_it_needs(stubs: Path, tmp_path: Path) -> None:
+    """Line 3's hand-run commands name 'clusterddp pack -o PYZ': the script exits 2 before that step
+    and starts srun after it, run exactly as written."""
+    script = render_sbatch(job_for("pyxis", tmp_path), str(tmp_path / "job.yaml"))
+    by_hand = script.splitlines()[2].split("(or: ", 1)[1].removesuffix(")").split(" && ")
+    assert by_hand == ["mkdir -p logs", f"clusterddp pack -o {tmp_path / 'c.pyz'}", "sbatch THIS_FILE"]
+    assert run(script, stubs, tmp_path).returncode == 2
+    assert cli(*shlex.split(by_hand[1])[1:], cwd=tmp_path).returncode == 0
+    result = run(script, stubs, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert recorded(tmp_path, "srun")[0][-4:-1] == ["--restart-count", "0", "--record-dir"]
+
+
+def test_render_o_and_submit_of_a_container_job_take_care_of_the_pack(tmp_path: Path) -> None:
+    """'render -o' says to run 'clusterddp pack -o PYZ' before sbatch; 'submit' builds PYZ itself."""
+    (tmp_path / "t.py").write_text("")
+    job = tmp_path / "job.yaml"
+    job.write_text("name: c\nscript: t.py\nnodes: 2\ncontainer: {image: /images/torch.sqsh}\n")
+    pyz = tmp_path / ".clusterddp" / f"clusterddp-{clusterddp.__version__}.pyz"
+    result = cli("render", "slurm", str(job), "-o", str(tmp_path / "c.sbatch"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"submit it with: mkdir -p logs && clusterddp pack -o {pyz} && sbatch {tmp_path / 'c.sbatch'}" in result.stdout
+    assert not pyz.exists()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 42\n")
+    (fake / "sbatch").chmod(0o755)
+    result = cli("submit", "slurm", str(job), cwd=tmp_path, env=cli_env(PATH=f"{fake}:{os.environ['PATH']}"))
+    assert result.returncode == 0 and result.stdout == "42\n", result.stderr
+    assert f"clusterddp: wrote the launcher the container runs: {pyz}" in result.stderr
+    assert zipfile.is_zipfile(pyz)
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_an_absolute_log_dir_is_mounted_where_the_launcher_records(runtime: str, stubs: Path, tmp_path: Path) -> None:
+    """logs.dir outside the working directory is mounted at its own path (rank logs, launcher records);
+    the records of attempt 0 go under it."""
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    work.mkdir()
+    (work / "c.pyz").write_text("")
+    job = replace(job_for(runtime, work), logs=replace(JobSpec(name="c", script="t.py").logs, dir=str(logs)))
+    result = run(render_sbatch(job, str(work / "job.yaml")), stubs, work)
+    assert result.returncode == 0, result.stderr
+    argv, _ = recorded(work, "srun")
+    mounts = next(w for w in argv if w.startswith(("--container-mounts=", "--bind=")))
+    assert f"{logs}:{logs}" in mounts.split("=", 1)[1].split(",")
+    assert argv[-2:] == ["--record-dir", f"{logs}/7/launchers/0.0"]
