@@ -27,10 +27,11 @@ import pytest
 import yaml
 
 from tests.conftest import cli_env
-from tests.testbed import containers
+from tests.testbed import containers, spank
 from tests.testbed.slurm_cluster import SlurmCluster, SlurmNode, slurm_cluster
 from tests.testbed.slurm_cluster import unavailable_reason as slurm_unavailable
 from tests.slurm.test_slurm_cluster import CIFAR10, batch_log, cifar10_args, submit, wait_for_file
+from tests.slurm.test_slurm_cluster import failspank  # noqa: F401 (a fixture: built once per module)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(slurm_unavailable() is not None, reason=str(slurm_unavailable()))]
@@ -81,16 +82,14 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> containers.OciBundle:
 
 @pytest.fixture(scope="module")
 def cluster(bundle: containers.OciBundle) -> Iterator[SlurmCluster]:
-    """The 2-node test bed, with oci.conf (runc) and, when asked for, pyxis in plugstack.conf."""
-    with slurm_cluster(2, base_env=cli_env()) as running:
-        plugstack = running.conf.parent / "plugstack.conf"
-        if pyxis_unavailable() is None:
-            plugstack.write_text(f"required {PYXIS_PLUGIN}\n")
-        try:
-            with containers.oci_conf(running.conf, running.root / "runc"):
-                yield running
-        finally:
-            plugstack.unlink(missing_ok=True)
+    """The 2-node test bed, with oci.conf (runc) and, when asked for, pyxis in plugstack.conf
+    before slurmd starts (spank.pyxis_line: runtime_path=DIR use_squashfuse=1)."""
+    def plugstack(root: Path) -> list[str]:
+        return [spank.pyxis_line(PYXIS_PLUGIN, root)] if pyxis_unavailable() is None else []
+
+    with slurm_cluster(2, base_env=cli_env(), plugstack=plugstack) as running:
+        with containers.oci_conf(running.conf, running.root / "runc"):
+            yield running
 
 
 @pytest.fixture(scope="module", params=["oci", pytest.param("pyxis", marks=pytest.mark.pyxis)])
@@ -246,4 +245,21 @@ def test_preemption_checkpoints_requeues_and_resumes(cluster: SlurmCluster, runt
                      rf"checkpoint {re.escape(str(checkpoint))}; exiting with code 75", log), log
     assert re.search(rf"requeueing job {job_id}\n", log), log
     assert re.search(rf"\] resumed from {re.escape(str(checkpoint))} at epoch 1 step \d+\n", log), log
+    assert_nothing_left(cluster, runtime)
+
+
+def test_a_container_step_that_never_launches_fails_the_job(cluster: SlurmCluster, runtime: Runtime,
+                                                            failspank: Path, tmp_path: Path) -> None:
+    """failspank stops every task of the container step from launching and srun exits 0: the attempt
+    fails naming both nodes and srun's error, and the job ends FAILED with exit 1."""
+    job = write_job(tmp_path, "nolaunch", BIN / "container_contract.py", runtime, [str(tmp_path)])
+    with spank.plugin_added(cluster.conf, f"required {failspank}"):
+        job_id = submit(cluster, job)
+        info = cluster.wait_state(job_id, DONE, timeout=120)
+    log = batch_log(job, job_id)
+    print("".join(line + "\n" for line in log.splitlines() if line.startswith("clusterddp:")), end="")
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
+    assert re.search(r"clusterddp: attempt 0: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2; "
+                     r"srun exited 0; srun's last error: srun: error: task \d " + re.escape(spank.LAUNCH_FAILED), log), log
+    assert not list(tmp_path.glob("rank*.json"))
     assert_nothing_left(cluster, runtime)

@@ -32,7 +32,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from tests.testbed import namespaces
 from tests.testbed.namespaces import NETNS_DIR, pids_in_netns
@@ -174,11 +174,15 @@ def unavailable_reason() -> str | None:
 
 @contextlib.contextmanager
 def slurm_cluster(n_nodes: int = 2, base_env: Mapping[str, str] | None = None,
-                  workdir: str | os.PathLike[str] | None = None) -> Iterator[SlurmCluster]:
+                  workdir: str | os.PathLike[str] | None = None,
+                  plugstack: Callable[[Path], Sequence[str]] | None = None) -> Iterator[SlurmCluster]:
     """Bring up munged, slurmctld and ``n_nodes`` slurmd nodes; tear all of it down on exit.
 
     ``base_env`` is what clients (and so every job, which inherits sbatch's environment) run
     with; ``SLURM_CONF`` is added. Nodes are ``cdslurm1..N`` at ``10.79.0.2..N+1``.
+    ``plugstack`` gives the lines of plugstack.conf (SPANK plugins), given the cluster's
+    directory: they are written before any slurmd starts, since a plugin may set itself up when
+    slurmd loads it (pyxis creates its runtime directory then, and only then).
     """
     if not 1 <= n_nodes <= 50:
         raise ValueError(f"n_nodes must be 1..50, got {n_nodes}")
@@ -189,7 +193,7 @@ def slurm_cluster(n_nodes: int = 2, base_env: Mapping[str, str] | None = None,
     env = dict(base_env if base_env is not None else os.environ)
     with namespaces.scratch_dir("cdslurm-", workdir) as root, namespaces.exclusive(LOCK_FILE, remove_leftovers):
         try:
-            yield _bring_up(n_nodes, root, pids, env)
+            yield _bring_up(n_nodes, root, pids, env, plugstack)
         finally:
             _stop(pids)
 
@@ -199,7 +203,8 @@ def remove_leftovers() -> None:
     namespaces.remove_leftovers(PREFIX, grace=JOB_GRACE)
 
 
-def _bring_up(n_nodes: int, root: Path, pids: list[int], base_env: dict[str, str]) -> SlurmCluster:
+def _bring_up(n_nodes: int, root: Path, pids: list[int], base_env: dict[str, str],
+              plugstack: Callable[[Path], Sequence[str]] | None) -> SlurmCluster:
     network = namespaces.build_network(PREFIX, SUBNET, n_nodes)
     names, ips = [name for name, _ in network], [ip for _, ip in network]
 
@@ -216,6 +221,8 @@ def _bring_up(n_nodes: int, root: Path, pids: list[int], base_env: dict[str, str
         slurmd_port=slurmd_port, munge_socket=munge_socket, root=root,
         nodes="\n".join(f"NodeName={n} NodeAddr={ip} CPUs={CPUS_PER_NODE} RealMemory=1000 State=UNKNOWN"
                         for n, ip in zip(names, ips))))
+    if plugstack is not None:
+        (root / "plugstack.conf").write_text("".join(line + "\n" for line in plugstack(root)))
     env = {k: v for k, v in base_env.items() if not k.startswith("SLURM_")}
     env["SLURM_CONF"] = str(conf)
 

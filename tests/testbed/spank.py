@@ -23,6 +23,8 @@ from typing import Iterator
 FAILSPANK_SOURCE = Path(__file__).resolve().parent.parent / "slurm" / "spank" / "failspank.c"
 #: What the step's srun prints for each task the plugin stopped (SLURM 22.05).
 LAUNCH_FAILED = "launch failed: Plugin initialization failed"
+#: pyxis's runtime directory (its ``runtime_path``), made in the cluster's directory.
+PYXIS_RUNTIME = "pyxis-run"
 
 
 def build_unavailable() -> str | None:
@@ -44,6 +46,19 @@ def build_failspank(directory: Path) -> Path:
     if result.returncode != 0:
         raise RuntimeError(f"gcc failed to build failspank.so: {result.stderr.strip()}")
     return target
+
+
+def pyxis_line(plugin: str, cluster_root: Path) -> str:
+    """pyxis's plugstack.conf line for the test bed (slurm_cluster writes it before slurmd starts).
+
+    ``runtime_path``: a directory that exists (pyxis makes ``/run/pyxis`` only when slurmd
+    starts with it listed, and the nodes share the machine's /run); ``use_squashfuse=1``: each
+    step runs straight from the .sqsh, because the nodes share one file system and enroot's
+    default data path collided between them (``File already exists`` on one node, ``No such
+    file or directory`` on the other)."""
+    runtime = cluster_root / PYXIS_RUNTIME
+    runtime.mkdir(exist_ok=True)
+    return f"required {plugin} runtime_path={runtime} use_squashfuse=1"
 
 
 def plugstack_path(slurm_conf: Path) -> Path:
