@@ -44,6 +44,8 @@ class RankProgress:
     phase_t: float | None
     #: The file's mtime (wall): when the record was last written.
     mtime: float
+    #: The last phase that ended, (name, start, end) in wall time; None: none yet.
+    last: tuple[str, float, float] | None = None
 
     @property
     def stepped(self) -> bool:
@@ -81,7 +83,16 @@ def parse_record(raw: bytes, mtime: float, rank: int = -1) -> RankProgress | Non
         steps=_int(data.get("steps")) or 0, step_s=_number(data.get("step_s")),
         compute_s=_number(data.get("compute_s")),
         phase=phase[:64] if isinstance(phase, str) and phase else TRAIN,
-        phase_t=_number(data.get("phase_t")), mtime=mtime)
+        phase_t=_number(data.get("phase_t")), mtime=mtime, last=_last(data.get("last")))
+
+
+def _last(value: object) -> tuple[str, float, float] | None:
+    if not isinstance(value, list) or len(value) != 3 or not isinstance(value[0], str) or not value[0]:
+        return None
+    began, ended = _number(value[1]), _number(value[2])
+    if began is None or ended is None or ended < began:
+        return None
+    return value[0][:64], began, ended
 
 
 def _int(value: object) -> int | None:

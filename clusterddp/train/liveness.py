@@ -12,7 +12,8 @@ previous record; ``step_s``: their mean wall time (end to end, data loading incl
 ``compute_s``: the mean of the rank's own work outside collectives over them, when the caller
 knows it (the quantity that differs between a slow rank and one waiting for it); ``phase``:
 what the rank does ("train", or one a helper announced: "checkpoint", "eval", "data", any
-name), since the wall time ``phase_t``.
+name), since the wall time ``phase_t``; ``last`` (once one ended): the previous phase as
+``[name, start, end]``, so a checkpoint shorter than the launcher's read interval is seen.
 
 Cheap by construction: a step costs one ``time.monotonic()`` and a few additions; the file is
 rewritten in place (open, one ``pwrite`` at offset 0, close) at most once per ``MIN_INTERVAL``
@@ -56,6 +57,9 @@ class _Record:
         self.compute = 0.0
         self.phase = TRAIN
         self.phase_t = time.time()
+        #: The last phase that ended: [name, start, end] (wall), so a phase shorter than
+        #: the launcher's read interval is still seen.
+        self.last: list[object] | None = None
         self.path: str | None = None
         self.path_known = False
 
@@ -64,7 +68,8 @@ _state = _Record()
 
 
 def heartbeat(step: int | None = None, compute_s: float | None = None) -> bool:
-    """One step ended: count it, and rewrite the record if the last write is ``MIN_INTERVAL`` old.
+    """One step ended: count it, and rewrite the record if the last write is ``MIN_INTERVAL`` old
+    (or this is the first step: the launcher learns at once that training began).
 
     ``step``: its number (default: one more than the last); ``compute_s``: the rank's own work
     in it outside collectives, in seconds, when the caller measured it. Each call is one step
@@ -77,12 +82,13 @@ def heartbeat(step: int | None = None, compute_s: float | None = None) -> bool:
         state.wall += now - state.end_mono
         state.timed += 1
     state.end_mono = now
+    first = state.step is None
     state.step = (state.step + 1 if state.step is not None else 1) if step is None else step
     state.steps += 1
     if compute_s is not None:
         state.compute += compute_s
         state.compute_n += 1
-    if now - state.last_write < MIN_INTERVAL:
+    if now - state.last_write < MIN_INTERVAL and not first:
         return False
     return _write(state, now)
 
@@ -98,10 +104,13 @@ def phase(name: str) -> Iterator[None]:
         yield
         return
     _announce(state, name)
+    began = state.phase_t
     try:
         yield
     finally:
-        _announce(_state, previous)
+        state = _state
+        state.last = [name[:64], round(began, 3), round(time.time(), 3)]
+        _announce(state, previous)
 
 
 class StepTimer:
@@ -146,7 +155,7 @@ def _write(state: _Record, now: float) -> bool:
         return False
     state.last_write = now
     wall = time.time()
-    record = {
+    record: dict[str, object] = {
         "v": VERSION, "step": state.step,
         "t": round(wall - (now - state.end_mono), 3) if state.end_mono is not None else None,
         "steps": state.steps,
@@ -154,6 +163,8 @@ def _write(state: _Record, now: float) -> bool:
         "compute_s": round(state.compute / state.compute_n, 6) if state.compute_n else None,
         "phase": state.phase[:64], "phase_t": round(state.phase_t, 3),
     }
+    if state.last is not None:
+        record["last"] = state.last
     data = json.dumps(record, separators=(",", ":")).encode()
     padded = data.ljust(state.size)
     state.steps = state.timed = state.compute_n = 0
