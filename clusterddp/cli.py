@@ -75,6 +75,10 @@ def _dispatch(argv: list[str]) -> int:
         from clusterddp.diagnose.request import StacksOptions, stacks_main
 
         return stacks_main(options_from(StacksOptions, args))
+    if args.command == "report":
+        from clusterddp.diagnose.goodput import ReportOptions, report_main
+
+        return report_main(options_from(ReportOptions, args))
     if args.command == "pack":
         return _pack(args.output)
     if args.command == "doctor":
@@ -235,6 +239,10 @@ def _add_tool_commands(sub: Any) -> None:
     stacks.add_argument("--log-dir", default="logs")
     stacks.add_argument("--timeout", default="10.0")
 
+    report = sub.add_parser("report", help="a run's timeline and goodput, from logs/<run-id>/events*.jsonl")
+    report.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
+    report.add_argument("--log-dir", default="logs")
+    report.add_argument("--json", action="store_true", help="one JSON document instead of text")
     pack = sub.add_parser("pack", help="write the launcher as one file (a zipapp) that any python3 runs")
     pack.add_argument("-o", "--output", help="the file to write (default clusterddp-VERSION.pyz)")
 

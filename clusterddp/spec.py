@@ -68,6 +68,28 @@ class LogsSpec:
     prefix: bool = True
 
 
+def _exception_problem(value: str) -> str | None:
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_]\w{0,99}", value):
+        return None
+    return f"expected an exception class name like FileNotFoundError, got {shown(str(value))}"
+
+
+@dataclass(frozen=True)
+class RestartOnSpec:
+    """Which failures ``restarts`` retries (launch/verdict.py). By default a failure that will
+    repeat is not: SyntaxError, ImportError, NameError, a missing file, an assert, exit 2
+    (argparse) before any step completed, or the same exception at the same place as the
+    attempt before with no step in between."""
+
+    #: True: retry those too (every failure is restarted, as before clusterddp judged them).
+    deterministic: bool = False
+    #: Exception class names retried even before any step (a data mount that comes late:
+    #: FileNotFoundError).
+    always: tuple[str, ...] = field(default=(), metadata=check_each(_exception_problem))
+    #: Exception class names never retried, even after progress (ValueError: a bad config).
+    never: tuple[str, ...] = field(default=(), metadata=check_each(_exception_problem))
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A validated job. Paths are kept as written; ``base_dir`` is where relative ones start."""
@@ -96,6 +118,7 @@ class JobSpec:
     python: str | None = field(default=None, metadata=check(path_problem))
     master: MasterSpec = field(default_factory=MasterSpec)
     restarts: int = field(default=0, metadata=check(non_negative_problem))
+    restart_on: RestartOnSpec = field(default_factory=RestartOnSpec)
     grace_period: float = field(default=5.0, metadata=check(seconds_problem))
     forward_signals: tuple[str, ...] = field(default=("SIGUSR1", "SIGUSR2"), metadata=check_each(signal_problem))
     hang_timeout: float | None = field(default=None, metadata=check(positive_seconds_problem))

@@ -53,6 +53,7 @@ def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
         report_json=options.report_json,
         hang_timeout=job.hang_timeout,
         run_dir=run_dir,
+        restart_on=job.restart_on,
     )
 
 

@@ -62,6 +62,20 @@ def attempt_line(number: int, where: str, exit_code: int, seconds: float, failur
         f"; first failure {failure}" if failure else "")
 
 
+def end_reason(policy: RestartPolicy, restarts_done: int, failure: int | None, stopping: str | None) -> str:
+    """Why the attempt that just ended is (or is not) followed by a restart, in a few words,
+    for the event log (the verdict on a failure that will repeat is ``verdict.will_repeat``)."""
+    if failure is None:
+        return f"stopping: {stopping}" if stopping else "finished"
+    if stopping:
+        return f"stopping: {stopping}"
+    if failure in exitcodes.NOT_RESTARTED:
+        return f"exit {failure} is never restarted"
+    if restarts_done >= policy.restarts:
+        return f"restarts used up ({policy.restarts})"
+    return "a transient failure: restarting"
+
+
 def backoff_seconds(restarts_done: int) -> float:
     """1 s, 2 s, 4 s ... at most MAX_BACKOFF: the pause before restart ``restarts_done + 1``."""
     return min(float(2 ** min(restarts_done, 16)), MAX_BACKOFF)

@@ -17,14 +17,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from clusterddp.events import EventLog
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.report import WorkerExit, format_report
-from clusterddp.launch.restart import AttemptEnd, RestartPolicy, exit_code
+from clusterddp.launch.restart import AttemptEnd, RestartPolicy, end_reason, exit_code
+from clusterddp.launch.runlog import RunLog
+from clusterddp.launch.verdict import Failure, failure_of, will_repeat
 from clusterddp.launch.waker import Waker
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, write_launcher_file
+from clusterddp.spec import RestartOnSpec
 from clusterddp.topology import Topology
 
 
@@ -49,8 +53,10 @@ class SupervisorOptions:
     report_json: bool = False
     #: Tear down with exitcodes.HANG when no rank made progress for this long (seconds).
     hang_timeout: float | None = None
-    #: logs/<run-id>: where launcher.json and stack dumps go.
+    #: logs/<run-id>: where launcher.json, stack dumps and the event log go.
     run_dir: str | None = None
+    #: Which failures ``restarts`` retries (launch/verdict.py).
+    restart_on: RestartOnSpec = RestartOnSpec()
 
 
 class LocalSupervisor:
@@ -74,11 +80,16 @@ class LocalSupervisor:
         self._stacks_requested = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
         self._hang_reason: str | None = None
+        # events.jsonl when this launcher is the run's only one, else events.node<K>.jsonl
+        alone = topology.nnodes == 1 and not options.watch_stdin
+        self.runlog = RunLog(EventLog(options.run_dir, None if alone else topology.node_rank, topology.host))
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
         self.group.open()
         self._write_launcher_file()
+        self.runlog.emit("run_start", job=self.options.job_name, ranks=[p.rank for p in self.plans],
+                         restarts=self.options.restarts, hang_timeout=self.options.hang_timeout)
         previous = self._install_signal_handlers()
         if self._watch is not None:
             self._watch.start()
@@ -97,6 +108,8 @@ class LocalSupervisor:
                 self.console.say(f"clusterddp:   {attempt.line()}")
         if self.options.report_json:
             self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason))
+        self.runlog.emit("run_end", exit_code=code)
+        self.runlog.close()
         self.console.settle()
         return code
 
@@ -124,6 +137,7 @@ class LocalSupervisor:
         SSH head restarts the whole job after either.
         """
         attempts: list[AttemptEnd] = []
+        previous: Failure | None = None
         while True:
             number = len(attempts)
             began = time.monotonic()
@@ -134,6 +148,17 @@ class LocalSupervisor:
             attempts.append(AttemptEnd(number, len(self.plans), self.topology.host, code,
                                        cause or (self._stop_reason if code else None), time.monotonic() - began))
             backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
+            failure = failure_of(code, root.signal_name if root else None, root.tail if root else (),
+                                 hang=self._hang_reason is not None) if failed else None
+            repeat = will_repeat(failure, self.runlog.progressed(), previous,
+                                 self.options.first_attempt + number - 1 if previous else None,
+                                 self.options.restart_on) if failure else None
+            if backoff is not None and repeat:
+                self.console.say(f"clusterddp: not restarting: {repeat}")
+                backoff = None
+            self._attempt_ended(code, cause, failure, root, backoff, repeat or end_reason(
+                self.policy, number, code if failed else None, self._stop_reason))
+            previous = failure
             if backoff is None:
                 return code, exits, root, attempts
             self.console.say(f"clusterddp: {cause}; restarting the local group in {backoff:.0f}s "
@@ -143,6 +168,19 @@ class LocalSupervisor:
                 self.console.say(f"clusterddp: {name or self._stop_reason} before the restart: not restarting")
                 # Stopped while nothing ran: the launcher's own stop decides the code (128+N).
                 return exit_code(None, [], False, self._stop_signal), exits, root, attempts
+
+    def _attempt_ended(self, code: int, cause: str | None, failure: Failure | None, root: WorkerExit | None,
+                       backoff: float | None, why: str) -> None:
+        """The attempt's end in the event log: its verdict and why; the restart if one follows."""
+        self.runlog.attempt_ended()
+        if self._stop_reason is not None:
+            self.runlog.emit("stop", why=self._stop_reason)
+        self.runlog.emit("attempt_end", exit_code=code, root_cause=cause,
+                         failure=failure.name() if failure else None,
+                         failed_at=root.at if root else None,
+                         verdict="restart" if backoff is not None else "stop", why=why)
+        if backoff is not None:
+            self.runlog.emit("restart", backoff_s=backoff)
 
     def _pause(self, seconds: float) -> bool:
         """Wait out the backoff before a restart; True when told to stop meanwhile (at once).
@@ -168,6 +206,8 @@ class LocalSupervisor:
         self._hang_reason = None
         self.group.new_attempt()
         self.hooks.new_attempt()
+        self.runlog.attempt_started(self.options.first_attempt + attempt,
+                                    [(p.rank, p.env.heartbeat_file) for p in self.plans])
         try:
             for plan in self.plans:
                 if self._stop_reason is not None:
@@ -197,6 +237,7 @@ class LocalSupervisor:
                 self._stacks_requested = False
                 self.hooks.stacks(self.group.states(), "requested")
             self._check_hang()
+            self.runlog.tick()
             self.group.adopt_orphans()
             self._wake.wait(0.1)
             self._wake.clear()
@@ -207,6 +248,7 @@ class LocalSupervisor:
         reason = self.hooks.hang(self.group.states())
         if reason is not None:
             self._hang_reason = reason
+            self.runlog.emit("hang", why=reason, timeout_s=self.options.hang_timeout)
             self._wake.set()
 
     # -- signals --------------------------------------------------------------------------------

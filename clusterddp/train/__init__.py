@@ -53,7 +53,8 @@ _EXPORTS = {
     "train_one_epoch": "loop", "fit": "loop", "FitConfig": "loop", "FitResult": "loop",
     "run_main": "entry",
     # torch-free
-    "heartbeat": "liveness", "PREEMPTED_EXIT_CODE": "exitcodes",
+    "heartbeat": "liveness", "phase": "liveness", "step": "liveness", "StepTimer": "liveness",
+    "PREEMPTED_EXIT_CODE": "exitcodes",
     "NONFINITE_LOSS_EXIT_CODE": "exitcodes", "read_dist_env": "distenv", "DistEnv": "distenv",
 }
 
@@ -89,7 +90,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the real names
     from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE
     from clusterddp.train.guard import (NonFiniteError, NonFiniteLossError, NonFiniteWeightsError,
                                         StepAgreement, agree_step, start_agreement)
-    from clusterddp.train.liveness import heartbeat
+    from clusterddp.train.liveness import StepTimer, heartbeat, phase, step
     from clusterddp.train.loop import FitConfig, FitResult, fit, train_one_epoch
     from clusterddp.train.optim import make_optimizer, step_unless
     from clusterddp.train.model import (broadcast_parameters, convert_sync_batchnorm,

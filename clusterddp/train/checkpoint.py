@@ -23,6 +23,7 @@ from torch import nn
 from clusterddp.train.amp import Amp
 from clusterddp.train.atomic import atomic_write
 from clusterddp.train.dist import DistContext, all_gather_objects, run_on_main
+from clusterddp.train.liveness import phase
 from clusterddp.train.guard import NonFiniteWeightsError, all_finite
 from clusterddp.train.model import unwrap
 
@@ -84,6 +85,7 @@ def _state_tensors(model: nn.Module,
             yield from (v for v in per_param.values() if isinstance(v, torch.Tensor))
 
 
+@phase("checkpoint")  # the launcher's record: a long write is no hang
 def save_checkpoint(path: str | os.PathLike[str], ctx: DistContext, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None,
                     scheduler: Any = None, amp: Amp | None = None,
@@ -122,6 +124,7 @@ def save_checkpoint(path: str | os.PathLike[str], ctx: DistContext, *, model: nn
     return Path(path)
 
 
+@phase("restore")
 def load_checkpoint(path: str | os.PathLike[str], ctx: DistContext, *, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None,
                     scheduler: Any = None, amp: Amp | None = None,

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from clusterddp.train.amp import Amp
 from clusterddp.train.dist import DistContext
+from clusterddp.train.liveness import phase
 from clusterddp.train.model import unwrap
 
 
@@ -60,6 +61,7 @@ def move_to(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+@phase("eval")  # the launcher's record: evaluation, not a stalled step
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, ctx: DistContext, *,
              criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,

@@ -2,7 +2,7 @@
 
 ``train_one_epoch`` is the step loop (AMP, one agreed all-reduce per step for loss, NaN
 and preemption, overlapped with the backward pass and read one step late so the host never
-waits for the GPU, heartbeat, rank-0 bar). ``fit`` adds
+waits for the GPU, the progress record with the step's own compute, rank-0 bar). ``fit`` adds
 the epoch loop around it: resume,
 ``set_epoch``, evaluation, TensorBoard, a checkpoint per epoch, and the preemption exit.
 Scripts with unusual needs can use the pieces directly; the example jobs use ``fit``.
@@ -11,6 +11,7 @@ Scripts with unusual needs can use the pieces directly; the example jobs use ``f
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -105,6 +106,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     bar = progress(loader, ctx, desc=f"epoch {epoch}", enabled=show_progress)
     try:
         for inputs, targets in bar:
+            began = time.perf_counter()  # the batch is in hand: the rank's own work begins
             inputs, targets = move_to(inputs, ctx.device), move_to(targets, ctx.device)
             settle_buckets(model, inputs, amp.autocast)  # once: a resumed step sums as any other
             with amp.autocast():
@@ -112,12 +114,16 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
             agreement.start(loss, preemption is not None and preemption.requested,
                             epoch=epoch, step=step)
             optimizer.zero_grad(set_to_none=True)
+            # Own work so far: forward and loss (the agreement's all-reduce is only launched).
+            # Backward is left out: under DDP it ends waiting for the gradient all-reduce.
+            compute = time.perf_counter() - began
             amp.backward(loss)
             skip = agreement.land()
             tally.add(agreement.settle(keep=LAG, stopped_at=step))  # may raise on every rank
+            updating = time.perf_counter()
             amp.step(optimizer, skip=skip)
             step += 1
-            heartbeat()
+            heartbeat(compute_s=compute + time.perf_counter() - updating)
             if tally.read:  # host values only: the bar adds no sync
                 bar.set_description(f"epoch {epoch} loss {tally.loss_sum / tally.read:.4f}",
                                     refresh=False)

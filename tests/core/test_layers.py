@@ -11,7 +11,7 @@ Units sit in layers, top to bottom::
     launch  schedulers  diagnose                the commands; no unit here imports another
     topology  envs  spec  specload  sections  hostfile         the job and its placement
     errors exitcodes devices hostlist protocol validate redact affinity templates
-    stackreport hang netperf atomicfile clusterddp             leaf modules
+    stackreport hang netperf atomicfile clusterddp progress events    leaf modules
 
     train                                       the torch part, beside the launcher
 
@@ -63,7 +63,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"launch", "schedulers", "diagnose"}),
     frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile"}),
     frozenset({"errors", "exitcodes", "devices", "hostlist", "protocol", "validate", "redact", "affinity",
-               "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp", "pack"}),
+               "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp", "pack",
+               "progress", "events"}),
 )
 #: The command layer: its units never import each other.
 INDEPENDENT = LAYERS[2]

@@ -284,7 +284,7 @@ def test_heartbeat_touches_the_file_at_most_once_per_second(tmp_path: Path, monk
     assert T.heartbeat() and beat.exists()
     os.utime(beat, (0, 0))
     assert not T.heartbeat() and beat.stat().st_mtime == 0
-    monkeypatch.setattr(liveness, "_last_touch", time.monotonic() - 1.5)
+    monkeypatch.setattr(liveness._state, "last_write", time.monotonic() - 1.5)
     assert T.heartbeat() and beat.stat().st_mtime > 0
     liveness.reset()
 

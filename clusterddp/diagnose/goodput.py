@@ -1,0 +1,242 @@
+"""``clusterddp report [RUN_ID]``: a run's timeline and its goodput, from its event log.
+
+Goodput is training time / wall time. The wall clock of the run (first ``run_start`` to last
+``run_end``, or to the last event of a run whose launcher was killed) is cut at every event
+boundary, and each piece is given the one label that explains it, the first that applies of:
+
+1. ``hang waits``: from ``timeout_s`` before a ``hang`` (the stall it waited out) to the end
+   of that attempt;
+2. ``start-up``: from ``run_start`` to the first attempt's first completed step (an attempt
+   that completes none is start-up to its end);
+3. ``restarts``: from a failure (the failed worker's exit, ``failed_at``) to the next
+   attempt's first completed step: teardown, backoff, a new start, restoring the checkpoint;
+4. ``checkpoints``, ``evaluation``, other phases by name: a ``phase`` the ranks announced,
+   from the first rank's start to the last rank's end (any node);
+5. ``training``: from an attempt's first completed step to its end;
+6. ``shut-down``: everything else (after the last attempt, before ``run_end``).
+
+So the parts add up to the wall clock by construction. What it cannot see: steps trained
+after the last checkpoint of a failed attempt are counted as training though they are
+recomputed after the restart; a phase shorter than the launcher's read interval (0.25 s)
+may go unseen and count as training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterddp.errors import ClusterDDPError
+from clusterddp.events import read_events
+
+#: Labels in the order of the breakdown (training first); ``hang waits`` wins over all.
+ORDER = ("training", "start-up", "restarts", "hang waits", "checkpoints", "evaluation", "shut-down")
+PHASE_LABELS = {"checkpoint": "checkpoints", "eval": "evaluation", "restore": "restarts"}
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What ``clusterddp report`` was asked."""
+
+    #: Run id or directory; None: the newest run under ``log_dir``.
+    target: str | None = None
+    log_dir: str = "logs"
+    json: bool = False
+
+
+@dataclass
+class Goodput:
+    """The breakdown of one run's wall clock."""
+
+    run_dir: str
+    start: float
+    end: float
+    parts: dict[str, float] = field(default_factory=dict)
+    attempts: int = 0
+    problems: list[str] = field(default_factory=list)
+    finished: bool = True
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+    @property
+    def goodput(self) -> float:
+        return self.parts.get("training", 0.0) / self.wall if self.wall > 0 else 0.0
+
+
+def find_run(target: str | None, log_dir: str) -> str:
+    """The run directory of ``target`` (a run id under ``log_dir``, or a directory), or the
+    newest run under ``log_dir`` that has an event log."""
+    if target:
+        for candidate in (os.path.join(log_dir, target), target):
+            if os.path.isdir(candidate):
+                return candidate
+        raise ClusterDDPError(f"report: no run {target!r} under {log_dir}/")
+    runs = [os.path.join(log_dir, name) for name in _listdir(log_dir)]
+    runs = [run for run in runs if os.path.isfile(os.path.join(run, "events.jsonl"))
+            or any(n.startswith("events") and n.endswith(".jsonl") for n in _listdir(run))]
+    if not runs:
+        raise ClusterDDPError(f"report: no run with an event log under {log_dir}/")
+    return max(runs, key=os.path.getmtime)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _at(event: dict[str, Any], key: str = "at") -> float:
+    value = event.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float(event["t"])
+
+
+def intervals(events: list[dict[str, Any]], end: float) -> list[tuple[float, float, str]]:
+    """(start, end, label) spans the events show; overlapping spans are resolved by ``breakdown``."""
+    spans: list[tuple[float, float, str]] = []
+    start = events[0]["t"]
+    attempt_begin: dict[int, float] = {}
+    first_step: dict[int, float] = {}
+    attempt_end: dict[int, float] = {}
+    failed_at: dict[int, float] = {}
+    open_phase: dict[tuple[str, Any], float] = {}
+    for event in events:
+        kind, attempt = event["kind"], event.get("attempt", 0)
+        if kind == "attempt_start":
+            attempt_begin.setdefault(attempt, event["t"])
+        elif kind == "first_step":
+            first_step[attempt] = min(first_step.get(attempt, _at(event)), _at(event))
+        elif kind == "attempt_end":
+            attempt_end[attempt] = max(attempt_end.get(attempt, event["t"]), event["t"])
+            if event.get("exit_code"):
+                failed_at.setdefault(attempt, _at(event, "failed_at") if event.get("failed_at") else event["t"])
+        elif kind == "hang":
+            timeout = event.get("timeout_s")
+            failed_at[attempt] = min(failed_at.get(attempt, event["t"]), event["t"])
+            wait = float(timeout) if isinstance(timeout, (int, float)) else 0.0
+            spans.append((event["t"] - wait, event["t"], "hang waits"))
+        elif kind == "phase":
+            key = (str(event.get("name")), event.get("node"))
+            if event.get("edge") == "span":
+                spans.append((_at(event), _at(event, "until"), PHASE_LABELS.get(key[0], key[0])))
+            elif event.get("edge") == "start":
+                open_phase[key] = _at(event)
+            elif key in open_phase:
+                label = PHASE_LABELS.get(key[0], key[0])
+                spans.append((open_phase.pop(key), _at(event) if event.get("at") else event["t"], label))
+    for (name, _), began in open_phase.items():
+        spans.append((began, end, PHASE_LABELS.get(name, name)))
+    ordered = sorted(attempt_begin)
+    previous_failure: float | None = None
+    for attempt in ordered:
+        stop = attempt_end.get(attempt, end)
+        stepped = first_step.get(attempt)
+        ready = stepped if stepped is not None else stop
+        if previous_failure is None:
+            spans.append((start, ready, "start-up"))
+        else:
+            spans.append((previous_failure, ready, "restarts"))
+        if stepped is not None:
+            spans.append((stepped, stop, "training"))
+        if attempt in failed_at:
+            spans.append((failed_at[attempt], stop, "hang waits" if _hung(events, attempt) else "restarts"))
+            previous_failure = failed_at[attempt]
+        else:
+            previous_failure = None if attempt == ordered[-1] else stop
+    return spans
+
+
+def _hung(events: list[dict[str, Any]], attempt: int) -> bool:
+    return any(e["kind"] == "hang" and e.get("attempt", 0) == attempt for e in events)
+
+
+def breakdown(spans: list[tuple[float, float, str]], start: float, end: float) -> dict[str, float]:
+    """Seconds per label: each moment of [start, end] counted once, under the label of
+    highest priority covering it (``_priority``), ``shut-down`` where none does."""
+    cuts = sorted({start, end, *(max(start, min(end, t)) for s, e, _ in spans for t in (s, e))})
+    parts: dict[str, float] = {}
+    for left, right in zip(cuts, cuts[1:]):
+        if right <= left:
+            continue
+        middle = (left + right) / 2
+        covering = [label for s, e, label in spans if s <= middle < e]
+        label = min(covering, key=_priority) if covering else "shut-down"
+        parts[label] = parts.get(label, 0.0) + right - left
+    return parts
+
+
+def _priority(label: str) -> int:
+    ranks = {"hang waits": 0, "start-up": 1, "restarts": 2, "training": 9}
+    return ranks.get(label, 5)  # checkpoints, evaluation, other phases: between
+
+
+def analyse(run_dir: str) -> tuple[Goodput, list[dict[str, Any]]]:
+    """The run's breakdown and its events (merged from every node's file)."""
+    events, problems = read_events(run_dir)
+    if not events:
+        raise ClusterDDPError(f"report: {run_dir}: no events" + (f" ({problems[0]})" if problems else ""))
+    ends = [e["t"] for e in events if e["kind"] == "run_end"]
+    finished = bool(ends)
+    end = max(ends) if ends else max(e["t"] for e in events)
+    start = min(e["t"] for e in events)
+    spans = intervals(events, end)
+    result = Goodput(run_dir=run_dir, start=start, end=end, parts=breakdown(spans, start, end),
+                     attempts=len({e.get("attempt", 0) for e in events if e["kind"] == "attempt_start"}),
+                     problems=problems, finished=finished)
+    return result, events
+
+
+def timeline_line(event: dict[str, Any], start: float) -> str:
+    """One event as a line of the timeline: offset, node, kind, what matters of it."""
+    skip = {"t", "kind", "node", "host", "attempt", "file"}
+    details = " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip and v is not None)
+    where = event.get("host") or "?"
+    return f"  {event['t'] - start:9.2f}s  {where:<12} attempt {event.get('attempt', 0)}  {event['kind']:<13} {details}"
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    if isinstance(value, float):
+        text = f"{value:.3f}"
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def render(result: Goodput, events: list[dict[str, Any]]) -> str:
+    """The human report: timeline, then the breakdown with its sum against the wall clock."""
+    lines = [f"run {os.path.basename(os.path.normpath(result.run_dir))} ({result.run_dir}), started "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.start))}, {result.attempts} attempt(s)"]
+    lines.append("timeline:")
+    lines.extend(timeline_line(e, result.start) for e in events)
+    if not result.finished:
+        lines.append("  (no run_end: the launcher is still running or was killed; the wall clock ends at the last event)")
+    lines.append(f"goodput: {100 * result.goodput:.1f}% (training {result.parts.get('training', 0.0):.2f}s of "
+                 f"{result.wall:.2f}s wall clock)")
+    labels = [label for label in ORDER if label in result.parts] + sorted(set(result.parts) - set(ORDER))
+    for label in labels:
+        seconds = result.parts[label]
+        share = 100 * seconds / result.wall if result.wall > 0 else 0.0
+        lines.append(f"  {label:<12} {seconds:9.2f}s  {share:5.1f}%")
+    total = sum(result.parts.values())
+    lines.append(f"  {'sum':<12} {total:9.2f}s  (wall clock {result.wall:.2f}s)")
+    lines.extend(f"note: {problem}" for problem in result.problems)
+    return "\n".join(lines)
+
+
+def as_json(result: Goodput, events: list[dict[str, Any]]) -> str:
+    return json.dumps({"run_dir": result.run_dir, "start": result.start, "end": result.end,
+                       "wall_s": result.wall, "goodput": result.goodput, "parts_s": result.parts,
+                       "attempts": result.attempts, "finished": result.finished,
+                       "problems": result.problems, "events": events}, indent=1)
+
+
+def report_main(options: ReportOptions) -> int:
+    """Print the report of one run; exit 0 (a missing run or log is an error, exit 2)."""
+    run_dir = find_run(options.target, options.log_dir)
+    result, events = analyse(run_dir)
+    print(as_json(result, events) if options.json else render(result, events))
+    return 0

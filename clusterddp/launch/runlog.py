@@ -1,0 +1,119 @@
+"""What a node's supervisor writes to the run's event log, and what it learns from its ranks'
+progress records: one object the supervisor calls at a few points of its loop.
+
+It reads the records of the attempt's ranks (``clusterddp.progress``) at most every
+``READ_INTERVAL`` seconds on the supervisor's tick, and turns what changed into events
+(``clusterddp.events``): the attempt's first completed step, and the phases the ranks
+announce (one ``phase`` start when the first rank of this node enters one, one end when the
+last leaves it, at the ranks' own times; a ``span`` for one that began and ended between two
+reads, from the ranks' ``last`` phase). ``progressed()`` answers the restart verdict's
+question "did any step complete in this attempt?" from the same records.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+from clusterddp.events import EventLog
+from clusterddp.progress import TRAIN, RankProgress, first_step_t, read_all, stepped_since
+
+#: Seconds between two reads of the ranks' records (a read is one small file per rank).
+READ_INTERVAL = 0.25
+
+
+class RunLog:
+    """The event log of this launcher and the progress of its current attempt."""
+
+    def __init__(self, events: EventLog, clock: Callable[[], float] = time.time) -> None:
+        self.events = events
+        self._clock = clock
+        self._files: list[tuple[int, str]] = []
+        self._began = 0.0
+        self._next_read = 0.0
+        self._first_step: float | None = None
+        #: phase name -> ranks of this node in it (as last read)
+        self._phases: dict[str, set[int]] = {}
+        #: phase name -> the end (wall) of its last occurrence in the event log
+        self._ended: dict[str, float] = {}
+        #: The records last read (the current attempt's ranks that wrote one).
+        self.records: list[RankProgress] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.emit(kind, **fields)
+
+    def attempt_started(self, attempt: int, files: Sequence[tuple[int, str | None]]) -> None:
+        """A new attempt: its number stamps later events; its ranks' (rank, heartbeat file)."""
+        self.events.attempt = attempt
+        self._files = [(rank, path) for rank, path in files if path]
+        self._began = self._clock()
+        self._next_read = 0.0
+        self._first_step = None
+        self._phases = {}
+        self._ended = {}
+        self.records = []
+        self.emit("attempt_start", ranks=len(files))
+
+    def tick(self, force: bool = False) -> None:
+        """Read the records if ``READ_INTERVAL`` has passed; emit what changed."""
+        now = time.monotonic()
+        if not force and now < self._next_read:
+            return
+        self._next_read = now + READ_INTERVAL
+        records = [r for r in read_all(self._files) if r.mtime >= self._began]  # not a stale one
+        self.records = records
+        if self._first_step is None:
+            first = first_step_t(records, self._began)
+            if first is not None:
+                self._first_step = first
+                self.emit("first_step", at=first, ranks=sorted(r.rank for r in records if r.stepped))
+        self._phase_events(records)
+
+    def _phase_events(self, records: list[RankProgress]) -> None:
+        now: dict[str, set[int]] = {}
+        started: dict[str, float] = {}
+        for record in records:
+            if record.phase != TRAIN:
+                now.setdefault(record.phase, set()).add(record.rank)
+                if record.phase_t is not None:
+                    started[record.phase] = min(started.get(record.phase, record.phase_t), record.phase_t)
+        for name in sorted(now.keys() - self._phases.keys()):
+            self.emit("phase", name=name, edge="start", at=started.get(name), ranks=sorted(now[name]))
+        for name in sorted(self._phases.keys() - now.keys()):
+            left = [t for t in (_left_at(r, name) for r in records if r.rank in self._phases[name])
+                    if t is not None]
+            ended = max(left) if left else time.time()
+            self._ended[name] = ended
+            self.emit("phase", name=name, edge="end", at=ended, ranks=sorted(self._phases[name]))
+        self._phases = now
+        for record in records:  # phases that began and ended between two reads
+            if record.last is None:
+                continue
+            name, began, ended = record.last
+            if name in now or began <= self._ended.get(name, float("-inf")):
+                continue  # open, or an occurrence already logged (another rank's share of it)
+            self._ended[name] = ended
+            self.emit("phase", name=name, edge="span", at=began, until=ended, ranks=[record.rank])
+
+    def progressed(self) -> bool:
+        """Did any rank of this node complete a step in the current attempt?"""
+        self.tick(force=True)
+        return self._first_step is not None or stepped_since(self.records, self._began)
+
+    def attempt_ended(self) -> None:
+        """Close the phases still open (their ranks are gone)."""
+        self.tick(force=True)
+        for name in sorted(self._phases):
+            self.emit("phase", name=name, edge="end", at=None, ranks=sorted(self._phases[name]))
+        self._phases = {}
+
+    def close(self) -> None:
+        self.events.close()
+
+
+def _left_at(record: RankProgress, name: str) -> float | None:
+    """When the rank left phase ``name``: the end of its last phase if that was it (it may
+    have entered another since), else the start of the phase it is in now."""
+    if record.last is not None and record.last[0] == name:
+        return record.last[2]
+    return record.phase_t
