@@ -20,6 +20,11 @@ from clusterddp.progress import TRAIN, RankProgress, first_step_t, read_all, ste
 
 #: Seconds between two reads of the ranks' records (a read is one small file per rank).
 READ_INTERVAL = 0.25
+#: An attempt whose ranks wrote no progress record at all (a script that never calls
+#: ``heartbeat``) counts as having made progress once it ran this long: without a record
+#: the launcher cannot see steps, and a run that failed after hours of unseen work must be
+#: restarted as before, not judged "before any progress".
+UNSEEN_PROGRESS_AFTER = 60.0
 
 
 class RunLog:
@@ -96,8 +101,11 @@ class RunLog:
             self.emit("phase", name=name, edge="span", at=began, until=ended, ranks=[record.rank])
 
     def progressed(self) -> bool:
-        """Did any rank of this node complete a step in the current attempt?"""
+        """Did any rank of this node complete a step in the current attempt? (Without any
+        record from its ranks: did it run ``UNSEEN_PROGRESS_AFTER`` seconds?)"""
         self.tick(force=True)
+        if not self.records and self._files:
+            return self._clock() - self._began >= UNSEEN_PROGRESS_AFTER
         return self._first_step is not None or stepped_since(self.records, self._began)
 
     def attempt_ended(self) -> None:

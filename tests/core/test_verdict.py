@@ -154,3 +154,18 @@ def test_signal_and_hang_are_never_deterministic() -> None:
     assert will_repeat(killed, False, killed, 0, rule) is None
     hung = Failure(124, hang=True)
     assert will_repeat(hung, False, hung, 0, rule) is None
+
+
+def test_an_attempt_without_any_progress_record_counts_as_progress_after_a_minute(tmp_path: Path) -> None:
+    """A script that never calls heartbeat: after UNSEEN_PROGRESS_AFTER s its failure is not 'before any progress'."""
+    from clusterddp.events import EventLog
+    from clusterddp.launch.runlog import UNSEEN_PROGRESS_AFTER, RunLog
+
+    now = [1000.0]
+    runlog = RunLog(EventLog(str(tmp_path), None, "h"), clock=lambda: now[0])
+    runlog.attempt_started(0, [(0, str(tmp_path / "hb0")), (1, str(tmp_path / "hb1"))])
+    now[0] += 5
+    assert not runlog.progressed()
+    now[0] += UNSEEN_PROGRESS_AFTER
+    assert runlog.progressed()
+    runlog.close()
