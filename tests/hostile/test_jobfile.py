@@ -276,8 +276,10 @@ def test_script_field_with_controls_is_refused(tmp_path: Path) -> None:
         _check_line(str(info.value), path, 1, "script")
 
 
+# A fragment of "" where a third party may refuse first in its own words: 20,000 open brackets
+# meet libyaml's own depth limit (PyYAML >= 6.0.4) before ours; 200 maps are within its limit.
 FILE_LEVEL = [
-    ("deep-lists", SCRIPT + "args: " + "[" * 20000 + "\n", 2, "nested deeper than"),
+    ("deep-lists", SCRIPT + "args: " + "[" * 20000 + "\n", 2, ""),
     ("deep-maps", SCRIPT + "env: " + "{a: " * 200 + "\n", 2, "nested deeper than"),
     ("raw-escape", SCRIPT + "name: a\x1bb\n", 2, "character 0x001b is not allowed"),
     ("raw-nul", SCRIPT + "name: a\x00b\n", 2, "is not allowed"),
@@ -298,6 +300,19 @@ def test_broken_yaml_is_one_line_with_its_line(tmp_path: Path, name: str, text: 
         load_job(path)
     _check_line(str(info.value), path, line, "")
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("name,text,line,fragment", FILE_LEVEL, ids=[f[0] for f in FILE_LEVEL])
+def test_broken_yaml_on_the_command_line_is_one_line_exit_2(tmp_path: Path, name: str, text: str, line: int,
+                                                            fragment: str) -> None:
+    """``clusterddp run`` of each parser-level attack: exit 2, one stderr line naming file:line, no traceback."""
+    path = tmp_path / "job.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = cli("run", str(path), "--dry-run", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"clusterddp: error: {path}:{line}: "), lines[:3]
 
 
 def test_not_a_regular_file_is_refused_without_reading(tmp_path: Path) -> None:
