@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; ``run`` and ``env`` take their flags from the rows."""
     parser = _Parser(
         prog="clusterddp",
-        description="Run one PyTorch DDP job file here, over SSH, on SLURM or on OpenPAI.")
+        description="Run one PyTorch DDP job file here, over SSH, on SLURM, on OpenPAI or on Kubernetes "
+                    "(TrainJob, JobSet, PyTorchJob).")
     parser.add_argument("--version", action="version", version=f"clusterddp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
