@@ -193,6 +193,9 @@ EXPLICIT = [
     ("container-image-dotdot", "container: {image: '/x/../y'}\n", "container.image", "'..' parts"),
     ("container-image-dash", "container: {image: '-v'}\n", "container.image", "not an image reference"),
     ("container-image-missing", "container: {mounts: ['/a:/b']}\n", "container.image", "needs an image"),
+    ("container-image-null", "container: {image: null}\n", "container.image", "needs an image"),
+    ("container-image-tilde", "container: {image: ~, runtime: oci}\n", "container.image", "needs an image"),
+    ("container-empty", "container: {}\n", "container.image", "needs an image"),
     ("container-mount-relative", "container: {image: i, mounts: ['data:/data']}\n", "container.mounts[0]", "absolute"),
     ("container-mount-comma", "container: {image: i, mounts: ['/a,b:/data']}\n", "container.mounts[0]", "separator"),
     ("container-mount-colons", "container: {image: i, mounts: ['/a:/b:/c:ro']}\n", "container.mounts[0]", "HOST:CONTAINER"),
@@ -537,3 +540,13 @@ def test_an_include_flag_is_named_as_the_flag(tmp_path: Path) -> None:
     result = cli("run", str(path), "--include", "gpu*", "--dry-run", cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and result.stderr.startswith("clusterddp: error: --include 'gpu*' matches no host"), \
         result.stderr
+
+
+def test_a_container_without_an_image_renders_nothing(tmp_path: Path) -> None:
+    """``container: {image: null}``: render slurm exits 2 with one line naming file:line: container.image (was a bare sbatch script)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(SCRIPT + "container:\n  runtime: oci\n  image: null\n", encoding="utf-8")
+    result = cli("render", "slurm", str(path), cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and result.stdout == "", result.stdout[-500:]
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"clusterddp: error: {path}:4: container.image: missing"), result.stderr
