@@ -269,6 +269,20 @@ def test_a_worker_count_of_0_is_refused_not_replaced(tmp_path: Path) -> None:
     assert not (tmp_path / "logs").exists()
 
 
+JOBSET_POD = {"JOB_COMPLETION_INDEX": "1", "CLUSTERDDP_JOBSET_NNODES": "2", "CLUSTERDDP_JOBSET_MASTER_ADDR": "h0"}
+
+
+@pytest.mark.parametrize("missing", ["CLUSTERDDP_JOBSET_MASTER_ADDR", "CLUSTERDDP_JOBSET_NNODES"])
+def test_a_jobset_pod_without_a_required_variable_is_refused(tmp_path: Path, missing: str) -> None:
+    """A JobSet pod (index 1 of 2) lacking CLUSTERDDP_JOBSET_MASTER_ADDR or _NNODES: one line naming it, exit 2 (was: a one-node local job)."""
+    variables = {k: v for k, v in JOBSET_POD.items() if k != missing}
+    assert detect(variables).name == "jobset"
+    job = write_job(tmp_path, script="exit_with.py", nproc_per_node=1)
+    line = one_line_error(cli("run", str(job), env=cli_env(**variables)))
+    assert f"jobset: {missing}: not set" in line, line
+    assert not (tmp_path / "logs").exists()
+
+
 def test_empty_variables_mean_unset() -> None:
     """`export MASTER_PORT=` (empty) is not given, as a shell user expects; nothing else is stripped."""
     placement = detect({**TORCHRUN, "MASTER_PORT": "", "TORCHELASTIC_RUN_ID": ""}).placement()
