@@ -88,11 +88,9 @@ def _dispatch(argv: list[str]) -> int:
 def _pack(output: str | None) -> int:
     """Write the launcher's zipapp and say how a container runs it."""
     from clusterddp import pack
+    from clusterddp.atomicfile import output_path
 
-    path = output or pack.default_output()
-    problem = validate.path_problem(path)
-    if problem:
-        raise ClusterDDPError(f"pack: -o: {problem}")
+    path = output_path(pack.default_output() if output is None else output, "pack")
     try:
         size = pack.build(path)
     except OSError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import cli as cli_module
+from clusterddp import validate
 from tests.conftest import REPO, cli, cli_env
 
 
@@ -175,6 +176,21 @@ def test_parser_errors_are_one_line(job: Path, capsys: pytest.CaptureFixture[str
     fragments = (expected,) if isinstance(expected, str) else expected
     assert all(fragment in err for fragment in fragments) and "usage:" not in err, err
     assert not (job.parent / "logs").exists() and not (job.parent / "worker-started").exists()
+
+
+@pytest.mark.parametrize("argv", [["render", "slurm", "JOB"], ["render", "k8s", "JOB"], ["render", "openpai", "JOB"],
+                                  ["pack"]], ids=["render-slurm", "render-k8s", "render-openpai", "pack"])
+@pytest.mark.parametrize("path", ["a\nb.out", "a\x1b[2Jb.out", ""], ids=["newline", "escape", "empty"])
+def test_an_output_path_with_controls_is_refused_alike(job: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                       path: str) -> None:
+    """``-o`` of render (every scheduler) and of pack: one rule, one line ``COMMAND: -o: problem``, exit 2, nothing written."""
+    before = sorted(job.parent.iterdir())
+    code, err = _run([str(job) if a == "JOB" else a for a in argv] + ["-o", path], capsys)
+    command = " ".join(a for a in argv if a != "JOB")
+    assert code == 2, err
+    assert err.startswith(f"clusterddp: error: {command}: -o: ") and err.count("\n") == 1, err
+    assert validate.control_problem(err.rstrip("\n")) is None, repr(err)
+    assert sorted(job.parent.iterdir()) == before
 
 
 def test_bad_variable_does_not_break_version_or_help() -> None:
