@@ -14,7 +14,17 @@ import secrets
 import stat
 
 from clusterddp.errors import ClusterDDPError
-from clusterddp.validate import shown
+from clusterddp.validate import path_problem, shown
+
+
+def output_path(path: str, command: str) -> str:
+    """The file a user names with ``-o`` (``pack``, ``render``), refused before anything is
+    made when it is not one bounded line: a newline or an escape in it would reach the
+    "wrote PATH" line and the printed follow-up commands raw. One rule for every ``-o``."""
+    problem = path_problem(path)
+    if problem:
+        raise ClusterDDPError(f"{command}: -o: {problem}")
+    return path
 
 
 class WriteError(ClusterDDPError):

@@ -92,11 +92,9 @@ def _dispatch(argv: list[str]) -> int:
 def _pack(output: str | None) -> int:
     """Write the launcher's zipapp and say how a container runs it."""
     from clusterddp import pack
+    from clusterddp.atomicfile import output_path
 
-    path = output or pack.default_output()
-    problem = validate.path_problem(path)
-    if problem:
-        raise ClusterDDPError(f"pack: -o: {problem}")
+    path = output_path(pack.default_output() if output is None else output, "pack")
     try:
         size = pack.build(path)
     except OSError as exc:
@@ -212,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; ``run`` and ``env`` take their flags from the rows."""
     parser = _Parser(
         prog="clusterddp",
-        description="Run one PyTorch DDP job file here, over SSH, on SLURM or on OpenPAI.")
+        description="Run one PyTorch DDP job file here, over SSH, on SLURM, on OpenPAI or on Kubernetes "
+                    "(TrainJob, JobSet, PyTorchJob).")
     parser.add_argument("--version", action="version", version=f"clusterddp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

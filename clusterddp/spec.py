@@ -218,9 +218,7 @@ def load_job(path: str | os.PathLike[str], job_dir: str | None = None) -> JobSpe
         raise reader.fail(node, "script", "give either 'script' or 'module', not both")
     if not spec.script and not spec.module:
         raise reader.fail(node, "script", "missing what to run", "add 'script: train.py' or 'module: pkg.train'")
-    if spec.container != ContainerSpec() and spec.container.image is None:
-        raise JobSpecError(where, _line_of(node, "container"), "container.image", "missing: a container needs an image",
-                           "add 'image:' (a registry image, a squashfs/SIF file, or an OCI bundle directory)")
+    _check_container_image(where, node, reader, spec.container)
     name = spec.name if "name" in _keys(node) else _default_name(where)
     base_dir = os.path.abspath(job_dir) if job_dir is not None else os.path.dirname(os.path.abspath(where))
     spec = replace(spec, name=name, source=where, base_dir=base_dir, key_lines=types.MappingProxyType(reader.lines))
@@ -228,6 +226,18 @@ def load_job(path: str | os.PathLike[str], job_dir: str | None = None) -> JobSpe
         line = _line_of(node, "script")
         raise JobSpecError(where, line, "script", f"no such file: {shown(spec.script_path(), 200)}")
     return spec
+
+
+def _check_container_image(where: str, node: object, reader: NodeReader, container: ContainerSpec) -> None:
+    """A ``container:`` given without an image is refused: it would otherwise render as bare
+    processes (``container: {image: null}`` once gave a bare SLURM job), silently dropping the
+    image the user asked for. The line is the ``image:`` key's when one was written."""
+    if "container" not in _keys(node) or container.image is not None:
+        return
+    line = reader.lines.get("container.image") or _line_of(node, "container")
+    raise JobSpecError(where, line, "container.image", "missing: a container needs an image",
+                       "add 'image:' (a registry image, a squashfs/SIF file, or an OCI bundle directory), "
+                       "or drop 'container:' to run bare processes")
 
 
 def _read_job_text(where: str) -> str:

@@ -174,10 +174,13 @@ class ClusterEnv(ABC):
                 return raw
         return None
 
-    def workers_var(self, name: str) -> int | None:
-        """A scheduler's workers-per-node hint, within the same bound as ``nproc_per_node``."""
+    def workers_var(self, name: str, low: int = 0) -> int | None:
+        """A scheduler's workers-per-node hint, within the same bound as ``nproc_per_node``.
+        ``low=1`` where 0 is no hint but a wrong value (torchrun's count of workers)."""
         count = self.first_int_var(name, high=MAX_COUNT)
         bound = max_workers_per_node(dict(self.env))
+        if count is not None and count < low:
+            raise self.error(name, f"expected {low} to {bound} workers per node, got {count}")
         if count is not None and count > bound:
             raise self.error(name, f"{count} workers on one node is over the bound of {bound}",
                              f"set {MAX_WORKERS_ENV} to go past it")

@@ -10,8 +10,7 @@ pod):
 ====================================  =========================================================
 variable                              value the renderer sets
 ====================================  =========================================================
-``CLUSTERDDP_JOBSET_MASTER_ADDR``     ``<jobset>-<replicatedJob>-0-0.<subdomain>`` (required;
-                                      its presence says "JobSet pod")
+``CLUSTERDDP_JOBSET_MASTER_ADDR``     ``<jobset>-<replicatedJob>-0-0.<subdomain>`` (required)
 ``CLUSTERDDP_JOBSET_NNODES``          N, the Job's ``parallelism`` = ``completions`` (required)
 ``CLUSTERDDP_JOBSET_MASTER_PORT``     the rendezvous port (optional; else ``master.port``,
                                       else a port every pod derives from the run id)
@@ -21,6 +20,10 @@ variable                              value the renderer sets
                                       variable: the workers' TORCHELASTIC_RESTART_COUNT, and
                                       the pod never restarts its workers alone)
 ====================================  =========================================================
+
+Any ``CLUSTERDDP_JOBSET_*`` variable says "JobSet pod"; a pod that lacks a required one is
+refused, naming it, rather than placed as a one-node local job (which would train alone, or
+leave its peers waiting, without a word).
 
 Names of their own, not ``CLUSTERDDP_MASTER_ADDR``: that one is ``--master-addr``, which places
 a node by hand (node rank 0 unless ``--node-rank`` is given too) and wins over every
@@ -38,6 +41,8 @@ NNODES = "CLUSTERDDP_JOBSET_NNODES"
 MASTER_PORT = "CLUSTERDDP_JOBSET_MASTER_PORT"
 #: Set by Kubernetes' Job controller in every pod of an Indexed Job.
 COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+#: Any of these says the renderer made this pod: the pod is then placed here or refused here.
+RENDERED = (MASTER_ADDR, NNODES, MASTER_PORT)
 #: JobSet's label (and annotation) on every pod: how many times the whole set was recreated.
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
@@ -48,9 +53,15 @@ class JobSetEnv(ClusterEnv):
 
     def detected(self) -> bool:
         # A worker inherits the pod's variables; its agent's GROUP_RANK places it (TorchrunEnv).
-        return self.raw_var(MASTER_ADDR) is not None and not is_worker(self.env)
+        return self.first_var(*RENDERED) is not None and not is_worker(self.env)
 
     def placement(self) -> Placement:
+        given = self.which(*RENDERED)
+        for required in (MASTER_ADDR, NNODES):
+            if self.raw_var(required) is None:
+                raise self.error(required, f"not set, but {given} is: a JobSet pod needs both {MASTER_ADDR} "
+                                           f"and {NNODES}", "render the JobSet with 'clusterddp render k8s "
+                                           "--flavor jobset', which sets both in every pod")
         nnodes = self.int_var(NNODES, low=1, high=MAX_NODES)
         if self.raw_var(COMPLETION_INDEX) is None:
             raise self.error(COMPLETION_INDEX, f"not set, but {MASTER_ADDR} is: this pod has no node rank",

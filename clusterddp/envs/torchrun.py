@@ -81,4 +81,6 @@ class TorchrunEnv(ClusterEnv):
         raw = self.raw_var(name)
         if raw in NPROC_WORDS:  # PET_NPROC_PER_NODE may say 'auto' or 'gpu': then the job decides
             return None
-        return self.workers_var(name) or None
+        # 1 or more: a 0 is refused, not quietly replaced by the job file's count (SLURM's
+        # GPUS_ON_NODE=0 means "no GPUs here"; a torchrun count of 0 means a broken pod spec).
+        return self.workers_var(name, low=1)

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
 
+from clusterddp.atomicfile import output_path
 from clusterddp.errors import ClusterDDPError
 from clusterddp.schedulers.common import ACTIONS, write_output
 from clusterddp.spec import JobSpec, load_job
@@ -160,10 +161,12 @@ class Scheduler(ABC, Generic[O]):
         self.check_action(options.action)
         env = os.environ if env is None else env
         if options.action in ("render", "submit"):
+            output = getattr(options, "output", None)
+            if output is not None:
+                output_path(output, f"{options.action} {self.name}")
             request = self.render(self.load(options), options)
             if options.action == "submit":
                 return self.submit(request, options, env)
-            output = getattr(options, "output", None)
             if output is None:
                 sys.stdout.write(str(request))
                 return 0

@@ -104,9 +104,10 @@ def test_env_command_json() -> None:
 
 
 def test_python_m_and_help() -> None:
-    """python -m clusterddp --help works and lists the commands."""
+    """python -m clusterddp --help works, lists the commands and names every platform (Kubernetes too)."""
     result = cli("--help")
     assert result.returncode == 0 and "run" in result.stdout and "submit" in result.stdout
+    assert all(platform in result.stdout for platform in ("SSH", "SLURM", "OpenPAI", "Kubernetes")), result.stdout
 
 
 def test_job_and_command_together_is_an_error() -> None:

@@ -125,8 +125,9 @@ def test_a_flag_that_fails_its_converter_is_one_line(toy: None, capsys: pytest.C
     """'--replicas two' fails the toy's int converter: one line naming the command and the flag, exit 2."""
     assert cli.main(["render", "toy", JOBS[0], "--replicas", "two"]) == 2
     err = capsys.readouterr().err
-    assert err == ("clusterddp: error: clusterddp render toy: argument --replicas: invalid int value: 'two' "
-                   "(hint: see 'clusterddp render toy --help')\n")
+    assert err.startswith("clusterddp: error: clusterddp render toy: ") and err.count("\n") == 1, err
+    assert "--replicas" in err and "'two'" in err, err  # argparse's own words in between are not pinned
+    assert err.endswith(" (hint: see 'clusterddp render toy --help')\n"), err
 
 
 def test_a_scheduler_that_lists_an_action_it_lacks_fails_at_definition() -> None:

@@ -193,6 +193,9 @@ EXPLICIT = [
     ("container-image-dotdot", "container: {image: '/x/../y'}\n", "container.image", "'..' parts"),
     ("container-image-dash", "container: {image: '-v'}\n", "container.image", "not an image reference"),
     ("container-image-missing", "container: {mounts: ['/a:/b']}\n", "container.image", "needs an image"),
+    ("container-image-null", "container: {image: null}\n", "container.image", "needs an image"),
+    ("container-image-tilde", "container: {image: ~, runtime: oci}\n", "container.image", "needs an image"),
+    ("container-empty", "container: {}\n", "container.image", "needs an image"),
     ("container-mount-relative", "container: {image: i, mounts: ['data:/data']}\n", "container.mounts[0]", "absolute"),
     ("container-mount-comma", "container: {image: i, mounts: ['/a,b:/data']}\n", "container.mounts[0]", "separator"),
     ("container-mount-colons", "container: {image: i, mounts: ['/a:/b:/c:ro']}\n", "container.mounts[0]", "HOST:CONTAINER"),
@@ -276,8 +279,10 @@ def test_script_field_with_controls_is_refused(tmp_path: Path) -> None:
         _check_line(str(info.value), path, 1, "script")
 
 
+# A fragment of "" where a third party may refuse first in its own words: 20,000 open brackets
+# meet libyaml's own depth limit (PyYAML >= 6.0.4) before ours; 200 maps are within its limit.
 FILE_LEVEL = [
-    ("deep-lists", SCRIPT + "args: " + "[" * 20000 + "\n", 2, "nested deeper than"),
+    ("deep-lists", SCRIPT + "args: " + "[" * 20000 + "\n", 2, ""),
     ("deep-maps", SCRIPT + "env: " + "{a: " * 200 + "\n", 2, "nested deeper than"),
     ("raw-escape", SCRIPT + "name: a\x1bb\n", 2, "character 0x001b is not allowed"),
     ("raw-nul", SCRIPT + "name: a\x00b\n", 2, "is not allowed"),
@@ -298,6 +303,19 @@ def test_broken_yaml_is_one_line_with_its_line(tmp_path: Path, name: str, text: 
         load_job(path)
     _check_line(str(info.value), path, line, "")
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("name,text,line,fragment", FILE_LEVEL, ids=[f[0] for f in FILE_LEVEL])
+def test_broken_yaml_on_the_command_line_is_one_line_exit_2(tmp_path: Path, name: str, text: str, line: int,
+                                                            fragment: str) -> None:
+    """``clusterddp run`` of each parser-level attack: exit 2, one stderr line naming file:line, no traceback."""
+    path = tmp_path / "job.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = cli("run", str(path), "--dry-run", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"clusterddp: error: {path}:{line}: "), lines[:3]
 
 
 def test_not_a_regular_file_is_refused_without_reading(tmp_path: Path) -> None:
@@ -522,3 +540,13 @@ def test_an_include_flag_is_named_as_the_flag(tmp_path: Path) -> None:
     result = cli("run", str(path), "--include", "gpu*", "--dry-run", cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and result.stderr.startswith("clusterddp: error: --include 'gpu*' matches no host"), \
         result.stderr
+
+
+def test_a_container_without_an_image_renders_nothing(tmp_path: Path) -> None:
+    """``container: {image: null}``: render slurm exits 2 with one line naming file:line: container.image (was a bare sbatch script)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(SCRIPT + "container:\n  runtime: oci\n  image: null\n", encoding="utf-8")
+    result = cli("render", "slurm", str(path), cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and result.stdout == "", result.stdout[-500:]
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"clusterddp: error: {path}:4: container.image: missing"), result.stderr

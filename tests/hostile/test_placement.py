@@ -38,6 +38,8 @@ TORCHRUN = {"MASTER_ADDR": "h0", "MASTER_PORT": "29500", "GROUP_RANK": "1", "GRO
 OPENPAI = {"PAI_TASK_INDEX": "1", "PAI_TASK_ROLE_TASK_COUNT_worker": "2", "PAI_HOST_IP_worker_0": "10.0.0.1",
            "PAI_HOST_IP_worker_1": "10.0.0.2", "PAI_worker_0_SynPort_PORT": "23456", "PAI_JOB_NAME": "alice~ddp"}
 MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "n0"}
+#: A TrainJob pod (torch-distributed runtime): node 1 of 2, as the torch plugin places it.
+TRAINJOB = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "h0", "JOB_COMPLETION_INDEX": "1"}
 
 
 def one_line_error(result) -> str:  # type: ignore[no-untyped-def]
@@ -214,6 +216,8 @@ BAD_VALUES = [
     *[(TORCHRUN, "MASTER_PORT", v) for v in ("0", "65536", "99999", "-1", " 29500", "29500\n", "http")],
     (TORCHRUN, "TORCHELASTIC_RUN_ID", "run\nid"), (TORCHRUN, "TORCHELASTIC_RUN_ID", "x" * 5000),
     (TORCHRUN, "LOCAL_WORLD_SIZE", "\u00b2"), (TORCHRUN, "LOCAL_WORLD_SIZE", "100000"),
+    (TORCHRUN, "LOCAL_WORLD_SIZE", "0"), (TRAINJOB, "PET_NPROC_PER_NODE", "0"),
+    (TRAINJOB, "PET_NPROC_PER_NODE", "257"), (TRAINJOB, "PET_NPROC_PER_NODE", "-1"),
     (KUBEFLOW_V1, "RANK", "-1"), (KUBEFLOW_V1, "RANK", "2 "), (KUBEFLOW_V1, "WORLD_SIZE", str(10**26)),
     (KUBEFLOW_V1, "WORLD_SIZE", "0"), (KUBEFLOW_V1, "MASTER_ADDR", "mnist-master-0\nx"),
     (KUBEFLOW_V1, "MASTER_PORT", "0"),
@@ -254,6 +258,28 @@ def test_bad_value_through_the_cli_is_one_line(tmp_path: Path) -> None:
     job = write_job(tmp_path, script="exit_with.py", nproc_per_node=1)
     line = one_line_error(cli("run", str(job), env=cli_env(**{**TORCHRUN, "MASTER_PORT": "99999"})))
     assert "MASTER_PORT" in line and "'99999'" in line
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_worker_count_of_0_is_refused_not_replaced(tmp_path: Path) -> None:
+    """PET_NPROC_PER_NODE=0 in a TrainJob pod: one line naming it and the bounds 1-256, exit 2 (was: the job file's count)."""
+    job = write_job(tmp_path, script="exit_with.py", nproc_per_node=2)
+    line = one_line_error(cli("run", str(job), env=cli_env(**TRAINJOB, PET_NPROC_PER_NODE="0")))
+    assert "PET_NPROC_PER_NODE: expected 1 to 256 workers per node, got 0" in line, line
+    assert not (tmp_path / "logs").exists()
+
+
+JOBSET_POD = {"JOB_COMPLETION_INDEX": "1", "CLUSTERDDP_JOBSET_NNODES": "2", "CLUSTERDDP_JOBSET_MASTER_ADDR": "h0"}
+
+
+@pytest.mark.parametrize("missing", ["CLUSTERDDP_JOBSET_MASTER_ADDR", "CLUSTERDDP_JOBSET_NNODES"])
+def test_a_jobset_pod_without_a_required_variable_is_refused(tmp_path: Path, missing: str) -> None:
+    """A JobSet pod (index 1 of 2) lacking CLUSTERDDP_JOBSET_MASTER_ADDR or _NNODES: one line naming it, exit 2 (was: a one-node local job)."""
+    variables = {k: v for k, v in JOBSET_POD.items() if k != missing}
+    assert detect(variables).name == "jobset"
+    job = write_job(tmp_path, script="exit_with.py", nproc_per_node=1)
+    line = one_line_error(cli("run", str(job), env=cli_env(**variables)))
+    assert f"jobset: {missing}: not set" in line, line
     assert not (tmp_path / "logs").exists()
 
 

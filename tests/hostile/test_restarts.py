@@ -18,10 +18,13 @@ def _starts(directory: Path, rank: int) -> list[tuple[int, float]]:
 
 
 def _attempt_starts(directory: Path) -> dict[int, float]:
-    """The first stamp of each attempt over both ranks (a rank stopped by the teardown of its
-    failing peer may not have written its own)."""
+    """The first stamp of each attempt over both ranks. A rank stopped by the teardown of its
+    failing peer may not have written its own, on a loaded machine in no attempt at all: then
+    its file does not exist (the flaky FileNotFoundError of issue 23), and it counts as no stamps."""
     starts: dict[int, float] = {}
     for rank in (0, 1):
+        if not (directory / f"starts{rank}").exists():
+            continue
         for attempt, at in _starts(directory, rank):
             starts[attempt] = min(at, starts.get(attempt, at))
     return starts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import subprocess
 import sys
@@ -64,7 +66,7 @@ def test_master_port_busy_on_master_host(lab4: SSHLab, head_factory) -> None:
         job = write_job(lab4, "wait_forever.py")
         head = head_factory(str(job), "--hostfile", str(lab4.hostfile), "--master-port", str(port))
         assert head.finish(60) == 2, head.output()
-        assert re.search(r"cdssh1 .*master port not free: Address already in use", "\n".join(head.stderr))
+        assert re.search(r"cdssh1 .*master port not free: " + re.escape(os.strerror(errno.EADDRINUSE)), "\n".join(head.stderr))
     finally:
         holder.kill()
         holder.wait()
