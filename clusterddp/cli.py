@@ -170,6 +170,9 @@ def _typed(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespa
             raw, where = env[variable], variable
         if isinstance(raw, str):
             setattr(args, dest, _convert(where, convert, raw))
+    for row in flags.RUN_FLAGS:  # a switch's variable (CLUSTERDDP_NO_MERGE=1) when not given
+        if row.convert is None and row.environ and hasattr(args, row.dest) and not getattr(args, row.dest):
+            setattr(args, row.dest, _convert(row.environ, flags.switch, env.get(row.environ, "")))
     for row in flags.RUN_FLAGS:  # repeated flags (--include): each item passes the rule
         if row.repeat and row.convert is not None:
             for raw in getattr(args, row.dest, None) or ():

@@ -66,6 +66,8 @@ class LogsSpec:
     dir: str = field(default="logs", metadata=check(path_problem))
     ranks: tuple[int, ...] | None = field(default=None, metadata=check_each(_rank))
     prefix: bool = True
+    #: Identical lines of several ranks within a short window shown once on the console.
+    merge: bool = True
 
 
 def _exception_problem(value: str) -> str | None:

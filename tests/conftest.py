@@ -17,13 +17,16 @@ BIN = REPO / "tests" / "bin"
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment the launcher runs with in tests: no inherited placement variables."""
+    """The environment the launcher runs with in tests: no inherited placement variables, one
+    console line per rank's line (``CLUSTERDDP_NO_MERGE=0`` merges)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "PAI_", "PET_", "OMPI_", "CLUSTERDDP_"))
            and k not in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK", "RANK", "WORLD_SIZE",
                          "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
     env["NO_COLOR"] = "1"
+    # Tests count each rank's console lines; merging them has its own tests (test_console_merge).
+    env["CLUSTERDDP_NO_MERGE"] = "1"
     env.update(extra)
     return env
 

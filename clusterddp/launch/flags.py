@@ -56,6 +56,16 @@ def checked(parse: Callable[[str], Any], *problems: Callable[[Any], str | None])
     return convert
 
 
+def switch(raw: str) -> bool:
+    """A switch's variable: 1/true/yes sets it, 0/false/no or empty (unset) leaves it off."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("", "0", "false", "no"):
+        return False
+    raise FlagProblem(f"expected 1 or 0 (true/false, yes/no), got {validate.shown(raw)}")
+
+
 def text(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
     return checked(str, problem_of)
 
@@ -192,6 +202,9 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("--log-ranks", SUPERVISION, "show only these ranks on the console, e.g. 0,1", ranks, variable=True,
          job_key="logs.ranks", to_job=lambda value: tuple(sorted(value)), passed_on=True, to_text=rank_list),
     Flag("--no-prefix", SUPERVISION, "no [host rank R] prefix on console lines", job_key="logs.prefix",
+         to_job=lambda value: False, passed_on=True),
+    Flag("--no-merge", SUPERVISION, "show every rank's line on the console, even when several ranks print the "
+         "same line at once (default: one line, [host ranks 0-15] ...)", variable=True, job_key="logs.merge",
          to_job=lambda value: False, passed_on=True),
     Flag("--cpu-affinity", DEVICES, "CPUs of each worker: " + ", ".join(AFFINITY_MODES)
          + " (default auto: the cores of its GPU's NUMA node, or a disjoint share)", choice(AFFINITY_MODES),

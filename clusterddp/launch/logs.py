@@ -18,6 +18,8 @@ nobody drains blocks the worker (and then the whole job) on its next print.
   the terminal or hide text. The log file keeps the raw bytes.
 - A console that went away (``| head``, a closed terminal) is dropped silently: it never stops
   the job nor changes the exit code.
+- Identical lines of several ranks within a short window are shown once, ``[host ranks 0-15]
+  ...`` (``merge.py``; off with ``--no-merge`` or ``--no-prefix``); the log files keep each.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Deque, TextIO
+from typing import IO, Deque, Sequence, TextIO
 
+from clusterddp.launch.merge import LineMerger, Source, ranks_label
 from clusterddp.redact import mask, scrub
 from clusterddp.validate import shown
 
@@ -85,11 +88,21 @@ class ConsoleSink:
 
     prefix: bool = True
     ranks: frozenset[int] | None = None
+    #: Identical lines of several ranks shown once (``merging`` starts it: it needs the count).
+    merge: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     colour_out: bool = field(default_factory=lambda: use_colour(sys.stdout))
     colour_err: bool = field(default_factory=lambda: use_colour(sys.stderr))
     #: Streams (True: stderr) that raised on write: gone, never written again.
     closed: set[bool] = field(default_factory=set)
+    _merger: LineMerger | None = field(default=None, init=False, repr=False)
+
+    def merging(self, ranks: list[int]) -> None:
+        """Merge from now on the lines of these ranks (this node's), if asked to and they are
+        several: with one rank there is nothing to merge, and no line is held."""
+        shown_ranks = [rank for rank in ranks if self.shows(rank)]
+        if self.merge and self.prefix and len(shown_ranks) > 1 and self._merger is None:
+            self._merger = LineMerger(self._render, self.raw, expected=len(shown_ranks))
 
     def shows(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -102,6 +115,30 @@ class ConsoleSink:
             return _COLOURS[rank % len(_COLOURS)] + text + _RESET
         return text
 
+    def worker(self, host: str, rank: int, label: bytes, block: bytes, stderr: bool) -> None:
+        """Whole lines of a worker as shown (masked, escaped), each ending in a newline:
+        through the merger when there is one, else at once with ``label``."""
+        merger = self._merger
+        if merger is None:
+            self.write(label, block, stderr)
+            return
+        for line in block[:-1].split(b"\n"):
+            merger.add(stderr, host, (rank,), line)
+
+    def _render(self, stderr: bool, text: bytes, sources: Sequence[Source]) -> bytes:
+        if len(sources) == 1 and len(sources[0][1]) == 1:
+            label = self.label(sources[0][0], sources[0][1][0], stderr)
+        else:
+            label = f"[{ranks_label(sources)}] ".encode()
+            if self.colour_err if stderr else self.colour_out:
+                label = _COLOURS[min(min(r) for _, r in sources) % len(_COLOURS)] + label + _RESET
+        return label + text + b"\n"
+
+    def flush(self) -> None:
+        """Worker lines still held for merging go out (before a line of the launcher's own)."""
+        if self._merger is not None:
+            self._merger.flush()
+
     def write(self, label: bytes, line: bytes, stderr: bool) -> None:
         """A worker's line as shown (or several, each ending in a newline) with ``label``
         before each; ``WorkerOutput`` masks and escapes it first."""
@@ -113,12 +150,14 @@ class ConsoleSink:
 
     def say(self, text: str, stderr: bool = True) -> None:
         """The launcher's own message (report, warning, note): one or more whole lines, masked."""
+        self.flush()
         self.raw(scrub(text).encode("utf-8", "replace") + b"\n", stderr)
 
     def machine(self, line: str) -> None:
         """A protocol line for the SSH head on stdout (result, stacks): read, never shown, so
         written as is (masking could break its JSON); what it carries from workers, the
         report's last lines, is masked where it is read (``WorkerOutput``, ``read_error_file``)."""
+        self.flush()
         self.raw(line.encode("utf-8", "replace") + b"\n", False)
 
     def raw(self, data: bytes, stderr: bool) -> None:
@@ -136,6 +175,7 @@ class ConsoleSink:
     def settle(self) -> None:
         """Before the launcher exits: a console that went away must not turn Python's
         exit-time flush into an error (exit 120) nor a BrokenPipeError (exit 141)."""
+        self.flush()
         with self.lock:
             for stderr, stream in ((False, sys.stdout), (True, sys.stderr)):
                 try:
@@ -290,7 +330,7 @@ class WorkerOutput:
         # is all that is left of its output.
         if self.console.shows(self.rank) or self.log_error is not None:
             # Masked before escaped: a secret holding a control character matches raw.
-            self.console.write(stream.label, visible(mask(block)), stream.is_err)
+            self.console.worker(self._host, self.rank, stream.label, visible(mask(block)), stream.is_err)
 
     def _write_log(self, data: bytes) -> None:
         failure = None

@@ -46,6 +46,8 @@ class SupervisorOptions:
     forward_signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)
     console_ranks: frozenset[int] | None = None
     prefix: bool = True
+    #: Identical console lines of several ranks shown once (logs.merge).
+    merge: bool = True
     #: Stop when stdin reaches EOF or stays silent this long (the SSH head's heartbeat).
     watch_stdin: bool = False
     heartbeat_timeout: float = 6.0
@@ -67,7 +69,8 @@ class LocalSupervisor:
         self.topology = topology
         self.plans = plans
         self.options = options
-        self.console = ConsoleSink(prefix=options.prefix, ranks=options.console_ranks)
+        self.console = ConsoleSink(prefix=options.prefix, ranks=options.console_ranks, merge=options.merge)
+        self.console.merging([plan.rank for plan in plans])
         self.group = WorkerGroup(topology.host, options.grace_period, self.console)
         self.policy = RestartPolicy(options.restarts)
         self.hooks = hooks or default_hooks(topology.host, options.run_dir, options.hang_timeout,

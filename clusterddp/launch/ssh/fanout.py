@@ -224,6 +224,10 @@ def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop:
     """Relay the started hosts until the end; a stop signal that came before is acted on at once."""
     relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
                   heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir)
+    if launch.job.logs.merge and launch.job.logs.prefix:
+        world = sum(launcher.plan.nproc for launcher in launchers)
+        shown = launch.job.logs.ranks
+        launch.console.merging(world if shown is None else len({rank for rank in shown if rank < world}))
     stop.relay = relay
     if stop.signum is not None:
         relay.request_stop(f"{signal.Signals(stop.signum).name} on the head", stop.signum)

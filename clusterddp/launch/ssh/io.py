@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Sequence
 
+from clusterddp.launch.merge import LineMerger, Source, parse_label, ranks_label
+
 from clusterddp.launch.ssh.outcome import HostState
 from clusterddp.launch.ssh.reach import USER_TIMEOUT_MS, HostSession, LaunchPlan
 from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result
@@ -44,12 +46,35 @@ class Console:
     """The head's stdout and stderr, shared by the relay loop and the kill threads: every
     line the head prints (relayed from a host, its own messages and report) is masked of the
     secrets it forwards (``redact.mask``): a host's launcher masks its own lines, but a line
-    cut or joined differently, or a launcher that knew fewer secrets, leaks nothing here."""
+    cut or joined differently, or a launcher that knew fewer secrets, leaks nothing here.
+
+    The head sees every host, so identical worker lines of ranks on several hosts are shown
+    once (``merging``); each host's launcher has already merged its own ranks' lines."""
 
     def __init__(self, stdout: BinaryIO, stderr: BinaryIO) -> None:
         self.stdout = stdout
         self.stderr = stderr
         self._lock = threading.Lock()
+        self._merger: LineMerger | None = None
+
+    def merging(self, ranks: int) -> None:
+        """Merge the relayed lines of these many ranks (this attempt's) across hosts."""
+        if self._merger is None:
+            self._merger = LineMerger(self._render, self._write_stream, expected=ranks)
+        self._merger.expected = ranks
+
+    def flush(self) -> None:
+        """Relayed lines still held for merging go out."""
+        if self._merger is not None:
+            self._merger.flush()
+
+    @staticmethod
+    def _render(stderr: bool, text: bytes, sources: Sequence[Source]) -> bytes:
+        """One source: its line as the host wrote it (``[cdssh1 rank 3] ``)."""
+        return f"[{ranks_label(sources)}] ".encode() + text + b"\n"
+
+    def _write_stream(self, data: bytes, stderr: bool) -> None:
+        self._write(self.stderr if stderr else self.stdout, data)
 
     def say(self, message: str) -> None:
         """One ``clusterddp: ...`` line on stderr."""
@@ -57,6 +82,7 @@ class Console:
 
     def write_err(self, text: str) -> None:
         """Whole lines of the head's own on stderr."""
+        self.flush()
         self._write(self.stderr, text.encode("utf-8", "replace"))
 
     def write_out(self, text: str) -> None:
@@ -71,6 +97,13 @@ class Console:
     def relay(self, launcher: RemoteLauncher, stream: str, line: bytes) -> None:
         """A host's line on the head's matching stream; the launcher's own messages (not
         ``[rank ...]`` prefixed by its workers' relay) say which host they come from."""
+        if self._merger is not None and self._merger.expected > 1:
+            labelled = parse_label(line)
+            if labelled is not None:
+                host, ranks, text = labelled
+                self._merger.add(stream == "err", host, ranks, text)
+                return
+            self._merger.flush()
         if not line.startswith(b"["):
             line = f"[{launcher.name}] ".encode() + line
         self._write(self.stdout if stream == "out" else self.stderr, line)

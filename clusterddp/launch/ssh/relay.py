@@ -106,6 +106,7 @@ class Relay:
             selector.close()
             self.teardown.close()
             io.flush_partials(self.launchers, self._line)
+            self.console.flush()
         code, root = job_result(self.launchers, self.hang_host, self.stop_signal, time.time())
         return Outcome(exit_code=code, root=root, stop_reason=self.stop_reason, launchers=self.launchers,
                        seconds=time.monotonic() - start, stop_began=self.stop_began)
