@@ -7,15 +7,22 @@ from then on the job is stalled for as long as its most recently active live ran
 silent, and a rank that has shown no life at all counts from that first sign of life: a
 silent rank left alone by peers that exited (even silently) is still caught.
 A leaf below the supervisor, which runs the check on every tick.
+
+``hang_timeout: auto`` (``StepBudget``) reads the ranks' progress records instead: before an
+attempt's first step ``START_BUDGET`` without any sign of life; once steps flow, no *step* on
+any rank for max(``FLOOR``, ``FACTOR`` x the p99 step time so far); a rank in an announced
+phase (checkpoint, eval, data) gets the phase's budget instead.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
+from clusterddp.progress import TRAIN, RankProgress
 from clusterddp.stackreport import RankWhere, format_ranks
 
 
@@ -76,3 +83,114 @@ def culprit(progress: Mapping[int, float | None], where: Mapping[int, RankWhere]
     last = {rank: (t if t is not None else first_life) for rank, t in progress.items()}
     earliest = min(last.values()) if last else 0.0
     return f"rank(s) {format_ranks(sorted(r for r, t in last.items() if t - earliest < 0.5))} stopped first"
+
+
+# -- hang_timeout: auto ------------------------------------------------------------------------
+
+#: The job-file value that asks for a budget learnt from the steps.
+AUTO = "auto"
+#: Once steps flow: never less than this many seconds without a step.
+FLOOR = 5.0
+#: Once steps flow: this many times the p99 step time so far.
+FACTOR = 4.0
+#: Before the first step of an attempt (imports, data preparation, rendezvous, compiling):
+#: this long without any sign of life, counted from the attempt's start. Torch's own collective
+#: timeout is 600 s, so a rendezvous or first collective stuck longer fails on its own anyway.
+START_BUDGET = 600.0
+#: A phase the helpers announce (checkpoint, eval, data, any name) may last this long, or
+#: FACTOR times the longest earlier run of the same phase when that is longer.
+PHASE_BUDGET = 600.0
+#: p99 from a histogram of buckets this much apart (bounded memory over weeks of steps).
+_BUCKET = 1.05
+
+
+class StepBudget:
+    """What ``hang_timeout: auto`` allows, learnt from the ranks' progress records.
+
+    A step sample is the time between two consecutive records of a rank in training (each
+    record shows its last step's end, ``t``): exactly one step when the record holds one step,
+    an upper bound of its longest step otherwise (records come at most once a second, so with
+    fast steps the floor decides). Windows that held a phase are no step samples; the phase's
+    own length (from its start to the next phase's start) is remembered per phase name.
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, int] = {}
+        self._count = 0
+        self._seen: dict[int, tuple[float | None, str, float | None]] = {}
+        self._longest_phase: dict[str, float] = {}
+
+    def new_attempt(self) -> None:
+        """The records start again (the step times learnt stay: it is the same job)."""
+        self._seen.clear()
+
+    def observe(self, records: Sequence[RankProgress]) -> None:
+        for record in records:
+            key = (record.t, record.phase, record.phase_t)
+            previous = self._seen.get(record.rank)
+            if previous == key:
+                continue
+            self._seen[record.rank] = key
+            if previous is None:
+                continue
+            last_t, last_phase, last_phase_t = previous
+            if (record.phase == TRAIN and last_phase == TRAIN and record.t is not None and last_t is not None
+                    and record.t > last_t and (record.phase_t or 0.0) <= last_t):
+                self._add(record.t - last_t)
+            if last_phase != record.phase and last_phase != TRAIN and last_phase_t is not None \
+                    and record.phase_t is not None and record.phase_t >= last_phase_t:
+                length = record.phase_t - last_phase_t
+                self._longest_phase[last_phase] = max(self._longest_phase.get(last_phase, 0.0), length)
+
+    def _add(self, seconds: float) -> None:
+        bucket = math.floor(math.log(max(seconds, 1e-6)) / math.log(_BUCKET))
+        self._buckets[bucket] = self._buckets.get(bucket, 0) + 1
+        self._count += 1
+
+    def p99(self) -> float | None:
+        """The 99th percentile of the step samples (within 5%, rounded up); None: no sample."""
+        if not self._count:
+            return None
+        need, total = math.ceil(0.99 * self._count), 0
+        for bucket in sorted(self._buckets):
+            total += self._buckets[bucket]
+            if total >= need:
+                return float(_BUCKET ** (bucket + 1))
+        return None
+
+    def budget(self, phases: Sequence[str]) -> tuple[float, str]:
+        """Seconds without a step allowed now, and how they were found (for the report)."""
+        p99 = self.p99()
+        seconds = max(FLOOR, FACTOR * p99) if p99 is not None else FLOOR
+        how = (f"max({FLOOR:g}s, {FACTOR:g} x p99 step {p99:.2f}s)" if p99 is not None else f"{FLOOR:g}s floor")
+        for phase in sorted(set(phases) - {TRAIN}):
+            allowed = max(PHASE_BUDGET, FACTOR * self._longest_phase.get(phase, 0.0))
+            if allowed > seconds:
+                seconds, how = allowed, f"phase {phase}: max({PHASE_BUDGET:g}s, {FACTOR:g} x its longest so far)"
+        return seconds, how
+
+
+def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host: str, now: float) -> str:
+    """The rank holding the others, its host and its phase: a rank outside a collective while
+    others wait in one, else the rank(s) furthest behind (lowest step, then oldest record)."""
+    by_rank = {record.rank: record for record in records}
+    outside = sorted(r for r, w in where.items() if not w.in_collective)
+    if outside and len(outside) < len(where):
+        chosen = outside
+    elif by_rank:
+        lowest = min((r.step if r.step is not None else -1, r.mtime) for r in by_rank.values())
+        chosen = sorted(r.rank for r in by_rank.values()
+                        if (r.step if r.step is not None else -1) == lowest[0])
+    else:
+        return f"no progress record on {host}"
+    parts = []
+    for rank in chosen[:4]:
+        record = by_rank.get(rank)
+        if record is None:
+            parts.append(f"rank {rank} on {host} (no progress record)")
+            continue
+        since = f" for {now - record.phase_t:.0f}s" if record.phase_t is not None else ""
+        step = f", last step {record.step}" if record.step is not None else ", no step yet"
+        parts.append(f"rank {rank} on {host} in phase {record.phase}{since}{step}")
+    more = f" and {len(chosen) - 4} more" if len(chosen) > 4 else ""
+    return "stuck: " + "; ".join(parts) + more

@@ -10,6 +10,9 @@ files in the run's log directory) is spelled here and nowhere else:
   ``result_line`` / ``parse_result``
 - ``CLUSTERDDP_STACKS {json}``, remote launcher's stdout -> head, one per dump:
   ``stacks_line`` / ``parse_stacks``; its stderr block, hidden by the head: ``stacks_block_title``
+- ``CLUSTERDDP_PROGRESS {json}``, remote launcher's stdout -> head, at most every 0.5 s while
+  its ranks' progress records change: ``progress_line`` / ``parse_progress`` (the head names
+  the slow host from every host's records)
 - ``S`` on stdin, head -> remote launcher, "dump your stacks": ``STACKS_REQUEST_BYTE``
 - ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
 - ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
@@ -47,6 +50,8 @@ from typing import Any
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
 #: A launcher's answer to a stacks request (or its own hang): host, why, one summary per rank.
 STACKS_MARKER = b"CLUSTERDDP_STACKS "
+#: A launcher's ranks' progress records that changed, for the head's straggler check.
+PROGRESS_MARKER = b"CLUSTERDDP_PROGRESS "
 #: The launcher's human-readable stderr block about a dump; the head keeps it out of the
 #: console (its merged report replaces it) and relays it only to the per-host log copy.
 REMOTE_BLOCK_HEADER = b"clusterddp: stacks of "
@@ -112,6 +117,19 @@ def stacks_line(host: str, why: str, ranks: dict[int, str], waiting: list[int], 
 def parse_stacks(line: bytes) -> dict[str, object]:
     """The payload of a ``CLUSTERDDP_STACKS`` line; ValueError when it is not one or unreadable."""
     return _payload(line, STACKS_MARKER)
+
+
+def progress_line(host: str, records: list[tuple[int, float, str]]) -> str:
+    """The ``CLUSTERDDP_PROGRESS`` line: (rank, the file's mtime, the record's JSON text as the
+    rank wrote it) of each record that changed; the head reads each with ``progress.parse_record``."""
+    import json
+
+    return PROGRESS_MARKER.decode() + json.dumps({"host": host, "records": records}, separators=(",", ":"))
+
+
+def parse_progress(line: bytes) -> dict[str, object]:
+    """The payload of a ``CLUSTERDDP_PROGRESS`` line; ValueError when it is not one or unreadable."""
+    return _payload(line, PROGRESS_MARKER)
 
 
 def stacks_block_title(workers: int, host: str, why: str) -> str:

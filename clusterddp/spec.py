@@ -40,6 +40,10 @@ def _rank(value: int) -> str | None:
     return None if 0 <= value < validate.MAX_NODES * validate.MAX_WORKERS_PER_NODE else f"not a rank: {value}"
 
 
+def _hang_timeout(value: float | str) -> str | None:
+    return None if isinstance(value, str) else positive_seconds_problem(value)
+
+
 def _names(problem: Any) -> Any:
     """A check over a whole list or mapping of names: the first bad name's problem."""
     def checker(value: Any) -> str | None:
@@ -123,7 +127,9 @@ class JobSpec:
     restart_on: RestartOnSpec = field(default_factory=RestartOnSpec)
     grace_period: float = field(default=5.0, metadata=check(seconds_problem))
     forward_signals: tuple[str, ...] = field(default=("SIGUSR1", "SIGUSR2"), metadata=check_each(signal_problem))
-    hang_timeout: float | None = field(default=None, metadata=check(positive_seconds_problem))
+    #: Seconds without progress before a hang is declared, or "auto": learnt from the steps
+    #: (clusterddp.hang.StepBudget, docs/diagnose.md).
+    hang_timeout: Union[float, Literal["auto"], None] = field(default=None, metadata=check(_hang_timeout))
     logs: LogsSpec = field(default_factory=LogsSpec)
     ssh: SSHSpec = field(default_factory=SSHSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)

@@ -1,23 +1,35 @@
-"""Where is each rank: stacks on request and the hang check, as hooks the supervisor calls.
+"""Where is each rank: stacks on request, the hang check and the slow host, as hooks the
+supervisor calls.
 
 The supervisor owns none of this logic: on its tick it hands the hooks the state of its
 ranks (``workers.RankState``, plain data) and acts on what they answer (a stop reason).
+The hang hook also reads the ranks' progress records (at most every ``READ_INTERVAL``, and
+only when something judges them: ``hang_timeout: auto``, the straggler check) and hands the
+same records to every judgement: one read feeds them all.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from clusterddp.atomicfile import WriteError
-from clusterddp.hang import RankLife, culprit, last_progress, stalled_for
+from clusterddp.events import EventLog
+from clusterddp.hang import AUTO, START_BUDGET, RankLife, StepBudget, culprit, last_progress, stalled_for, stuck
+from clusterddp.progress import RankProgress, read_all
+from clusterddp.straggler import StragglerWatch
 from clusterddp.launch.stackdump import Target, collect
 from clusterddp.launch.workers import RankState
-from clusterddp.protocol import stacks_block_title, stacks_line, write_stacks_report
+from clusterddp.protocol import progress_line, stacks_block_title, stacks_line, write_stacks_report
 from clusterddp.stackreport import StacksReport, build_report
 
 StacksHook = Callable[[Sequence[RankState], str], "StacksReport | None"]
+#: A judgement fed this node's ranks' progress records each time they are read.
+RecordsHook = Callable[[list[RankProgress]], None]
+#: Seconds between two reads of the records (a rank rewrites its record at most once a second).
+READ_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,25 +80,50 @@ class StacksDump:
 
 
 class HangCheck:
-    """No rank made progress (a line, a heartbeat) for ``timeout`` seconds: dump, name a culprit."""
+    """No rank made progress for ``timeout`` seconds: dump, name a culprit.
 
-    def __init__(self, timeout: float | None, stacks: StacksHook,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    A number: progress is any sign of life (a line, the heartbeat file's mtime), counted from
+    the attempt's first one. ``"auto"``: ``hang.StepBudget`` over the progress records; before
+    the attempt's first step ``hang.START_BUDGET`` without any sign of life, counted from the
+    attempt's start; after it, no step (nor phase change) on any rank for the budget."""
+
+    def __init__(self, timeout: float | str | None, stacks: StacksHook,
+                 clock: Callable[[], float] = time.monotonic, host: str = "",
+                 judges: Sequence[RecordsHook] = (), wall: Callable[[], float] = time.time,
+                 records: Callable[[], list[RankProgress]] | None = None) -> None:
         self.timeout = timeout
         self._stacks = stacks
         self._clock = clock
+        self._wall = wall
+        self._host = host
+        self._judges = tuple(judges)
         self._attempt_started = clock()
+        self._attempt_wall = wall()
         #: monotonic time of the attempt's first sign of life (None: every rank still starting)
         self._first_life: float | None = None
+        self._budget = StepBudget()
+        self._records: list[RankProgress] = []
+        self._next_read = 0.0
+        #: The supervisor's reader of the records (``runlog.RunLog.records``): one read feeds
+        #: the event log and every judgement here. None: read them here (tests, other callers).
+        self._source = records
 
     def new_attempt(self) -> None:
         self._attempt_started = self._clock()
+        self._attempt_wall = self._wall()
         self._first_life = None
+        self._budget.new_attempt()
+        self._records = []
 
     def __call__(self, ranks: Sequence[RankState]) -> str | None:
+        if self.timeout == AUTO or self._judges:
+            self._read(ranks)
         timeout = self.timeout
         if not timeout:
             return None
+        if timeout == AUTO:
+            return self._auto(ranks)
+        assert isinstance(timeout, (int, float))
         lives = [RankLife(r.rank, r.last_line_at, r.heartbeat_file) for r in ranks if not r.exited]
         progress = last_progress(lives, since=self._attempt_started)
         now = self._clock()
@@ -104,10 +141,92 @@ class HangCheck:
         return (f"hang: no rank made progress for {stalled:.0f}s (hang_timeout {timeout:g}s); "
                 + culprit(progress, report.where if report else {}))
 
+    def _read(self, ranks: Sequence[RankState]) -> None:
+        if self._source is not None:
+            records = self._source()
+            if records is self._records:
+                return  # not read again since
+            self._records = records
+        else:
+            now = self._clock()
+            if now < self._next_read:
+                return
+            self._next_read = now + READ_INTERVAL
+            paths = [(r.rank, r.heartbeat_file) for r in ranks if not r.exited and r.heartbeat_file]
+            self._records = [record for record in read_all((rank, path) for rank, path in paths if path)
+                             if record.mtime >= self._attempt_wall - 1.0]
+        self._budget.observe(self._records)
+        for judge in self._judges:
+            judge(self._records)
 
-def default_hooks(host: str, run_dir: str | None, hang_timeout: float | None, say: Callable[[str], None],
-                  emit: Callable[[str], None] | None) -> DiagnosticHooks:
-    """Stacks to stderr (and ``emit``), full dumps under ``run_dir``; the hang check on them."""
+    def _auto(self, ranks: Sequence[RankState]) -> str | None:
+        records = self._records
+        now_wall = self._wall()
+        if not any(r.t is not None and r.t >= self._attempt_wall - 1.0 for r in records):
+            lives = [RankLife(r.rank, r.last_line_at, r.heartbeat_file) for r in ranks if not r.exited]
+            progress = last_progress(lives, since=self._attempt_started)
+            stalled = stalled_for(progress, self._clock(), since=self._attempt_started)
+            budget, how = START_BUDGET, "start-up budget, before the first step"
+        else:
+            stalled = now_wall - max(max(r.t or 0.0, r.phase_t or 0.0) for r in records)
+            budget, how = self._budget.budget([r.phase for r in records])
+        if stalled is None or stalled <= budget:
+            return None
+        report = self._stacks(ranks, "hang")
+        return (f"hang: no step on any rank for {stalled:.0f}s (hang_timeout auto: {budget:.0f}s, {how}); "
+                + stuck(records, report.where if report else {}, self._host, now_wall))
+
+
+class Stragglers:
+    """This node's ranks compared (``straggler.StragglerWatch``): one line and one event per
+    slow host found. Under SSH the head judges every host's ranks instead (``ProgressRelay``)."""
+
+    def __init__(self, host: str, say: Callable[[str], None], events: EventLog | None) -> None:
+        self._host = host
+        self._say = say
+        self._events = events
+        self._watch = StragglerWatch()
+
+    def __call__(self, records: list[RankProgress]) -> None:
+        for found in self._watch.observe(records, {record.rank: self._host for record in records}):
+            self._say(f"clusterddp: {found.line()}")
+            if self._events is not None:
+                self._events.emit("straggler", slow_host=found.host, ranks=list(found.ranks),
+                                  ratio=round(found.ratio, 2), basis=found.basis)
+
+
+class ProgressRelay:
+    """Under the SSH head: the records that changed, as one ``CLUSTERDDP_PROGRESS`` line."""
+
+    def __init__(self, host: str, emit: Callable[[str], None]) -> None:
+        self._host = host
+        self._emit = emit
+        self._sent: dict[int, tuple[float | None, str, float | None]] = {}
+
+    def __call__(self, records: list[RankProgress]) -> None:
+        changed = []
+        for record in records:
+            key = (record.t, record.phase, record.phase_t)
+            if self._sent.get(record.rank) != key:
+                self._sent[record.rank] = key
+                changed.append((record.rank, record.mtime, json.dumps(record_json(record))))
+        if changed:
+            self._emit(progress_line(self._host, changed))
+
+
+def record_json(record: RankProgress) -> dict[str, object]:
+    """The record as the rank wrote it (``clusterddp/train/liveness.py``), for the head."""
+    return {"v": 1, "step": record.step, "t": record.t, "steps": record.steps, "step_s": record.step_s,
+            "compute_s": record.compute_s, "phase": record.phase, "phase_t": record.phase_t}
+
+
+def default_hooks(host: str, run_dir: str | None, hang_timeout: float | str | None, say: Callable[[str], None],
+                  emit: Callable[[str], None] | None, events: EventLog | None = None,
+                  records: Callable[[], list[RankProgress]] | None = None) -> DiagnosticHooks:
+    """Stacks to stderr (and ``emit``), full dumps under ``run_dir``; the hang check on them;
+    the slow host named here (its event to ``events``), or under the SSH head (``emit``) by
+    the head from every host's records; ``records``: the supervisor's reader of them."""
     stacks = StacksDump(host, run_dir, say, emit)
-    hang = HangCheck(hang_timeout, stacks)
+    judge: RecordsHook = ProgressRelay(host, emit) if emit is not None else Stragglers(host, say, events)
+    hang = HangCheck(hang_timeout, stacks, host=host, judges=(judge,), records=records)
     return DiagnosticHooks(stacks=stacks, hang=hang, new_attempt=hang.new_attempt)

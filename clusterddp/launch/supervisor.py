@@ -53,8 +53,9 @@ class SupervisorOptions:
     heartbeat_timeout: float = 6.0
     #: Print one machine-readable result line at the end (for the SSH head).
     report_json: bool = False
-    #: Tear down with exitcodes.HANG when no rank made progress for this long (seconds).
-    hang_timeout: float | None = None
+    #: Tear down with exitcodes.HANG when no rank made progress for this long (seconds), or
+    #: "auto" (a budget learnt from the steps: ``hang.StepBudget``).
+    hang_timeout: float | str | None = None
     #: logs/<run-id>: where launcher.json, stack dumps and the event log go.
     run_dir: str | None = None
     #: Which failures ``restarts`` retries (launch/verdict.py).
@@ -73,8 +74,12 @@ class LocalSupervisor:
         self.console.merging([plan.rank for plan in plans])
         self.group = WorkerGroup(topology.host, options.grace_period, self.console)
         self.policy = RestartPolicy(options.restarts)
+        # events.jsonl when this launcher is the run's only one, else events.node<K>.jsonl
+        alone = topology.nnodes == 1 and not options.watch_stdin
+        self.runlog = RunLog(EventLog(options.run_dir, None if alone else topology.node_rank, topology.host))
         self.hooks = hooks or default_hooks(topology.host, options.run_dir, options.hang_timeout,
-                                            self.console.say, self._emit if options.report_json else None)
+                                            self.console.say, self._emit if options.report_json else None,
+                                            events=self.runlog.events, records=lambda: self.runlog.records)
         self._watch = StdinWatch(options.heartbeat_timeout, self.request_stop, self._request_stacks) \
             if options.watch_stdin else None
         self._wake = Waker()  # set by signal handlers: see waker.py for why not an Event
@@ -83,9 +88,6 @@ class LocalSupervisor:
         self._stacks_requested = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
         self._hang_reason: str | None = None
-        # events.jsonl when this launcher is the run's only one, else events.node<K>.jsonl
-        alone = topology.nnodes == 1 and not options.watch_stdin
-        self.runlog = RunLog(EventLog(options.run_dir, None if alone else topology.node_rank, topology.host))
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""

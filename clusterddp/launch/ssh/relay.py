@@ -22,11 +22,16 @@ Stacks travel the same channels: the head writes ``protocol.STACKS_REQUEST_BYTE`
 host's stdin, each host's launcher answers with one ``CLUSTERDDP_STACKS`` line, and
 ``ssh.stacks`` merges the answers. When a host reports a hang, teardown waits (at most ``HANG_WAIT``) until the other
 hosts said where their ranks are, so the report can name the rank holding everyone.
+
+The slow host is named here too: each host's launcher sends its ranks' progress records that
+changed (``CLUSTERDDP_PROGRESS``, at most every 0.5 s), and the head, which sees every host,
+compares all ranks (``straggler.StragglerWatch``): one line and one event per slow host.
 """
 
 from __future__ import annotations
 
 import selectors
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,8 +44,12 @@ from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.outcome import Outcome, failure_reason, job_result, unhandled_failure
 from clusterddp.launch.ssh.reach import ConnectError, ConnectSettings, kill_command, open_client
 from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
-from clusterddp.protocol import RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_stacks, write_stacks_report
+from clusterddp.events import EventLog
+from clusterddp.progress import parse_record
+from clusterddp.protocol import (PROGRESS_MARKER, RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_progress,
+                                 parse_stacks, write_stacks_report)
 from clusterddp.stackreport import HostStacks
+from clusterddp.straggler import StragglerWatch
 
 #: Seconds between the teardown's layers: EOF, then ``grace + KILL_MARGIN`` TERM, then KILL.
 KILL_MARGIN = 2.0
@@ -67,6 +76,9 @@ class Relay:
         #: The first host that reported a hang, and whether its merged report is out.
         self.hang_host: RemoteLauncher | None = None
         self._hang_reported = False
+        self._stragglers = StragglerWatch()
+        self._rank_hosts: dict[int, str] = {}
+        self._events: EventLog | None = None
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Stop every host (safe from a signal handler: the loop acts on it)."""
@@ -118,6 +130,9 @@ class Relay:
         if stream == "out" and line.startswith(STACKS_MARKER):
             self._stacks_answer(launcher, line)
             return
+        if stream == "out" and line.startswith(PROGRESS_MARKER):
+            self._progress(launcher, line)
+            return
         if stream == "err" and io.in_stacks_block(launcher, line):
             return
         if stream == "out" and line.startswith(RESULT_MARKER):
@@ -146,6 +161,28 @@ class Relay:
         if failed is not None:
             self.request_stop(failure_reason(failed))
             self.teardown.begin(self.launchers)
+
+    # -- the slow host ---------------------------------------------------------------------
+
+    def _progress(self, launcher: RemoteLauncher, line: bytes) -> None:
+        """A host's changed records: every rank compared with every other host's."""
+        try:
+            items = parse_progress(line).get("records")
+            records = []
+            for rank, mtime, text in items if isinstance(items, list) else ():
+                record = parse_record(str(text).encode(), float(mtime), int(rank))
+                if record is not None:
+                    records.append(record)
+                    self._rank_hosts[record.rank] = launcher.name
+        except (ValueError, TypeError):
+            return  # a progress line is advice: a bad one is dropped
+        for found in self._stragglers.observe(records, self._rank_hosts):
+            self.console.say(found.line())
+            if self.log_dir is not None:
+                if self._events is None:
+                    self._events = EventLog(str(self.log_dir), None, socket.gethostname())
+                self._events.emit("straggler", slow_host=found.host, ranks=list(found.ranks),
+                                  ratio=round(found.ratio, 2), basis=found.basis)
 
     # -- stacks across hosts ---------------------------------------------------------------
 
