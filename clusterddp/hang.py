@@ -175,6 +175,10 @@ def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host:
     others wait in one, else the rank(s) furthest behind (lowest step, then oldest record)."""
     by_rank = {record.rank: record for record in records}
     outside = sorted(r for r, w in where.items() if not w.in_collective)
+    if where and not outside:
+        phases = sorted({by_rank[r].phase for r in where if r in by_rank}) or ["unknown"]
+        return (f"rank(s) {format_ranks(sorted(where))} on {host} all wait in a collective (phase "
+                f"{', '.join(phases)}): the stuck rank is on another node")
     if outside and len(outside) < len(where):
         chosen = outside
     elif by_rank:
@@ -190,7 +194,7 @@ def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host:
             parts.append(f"rank {rank} on {host} (no progress record)")
             continue
         since = f" for {now - record.phase_t:.0f}s" if record.phase_t is not None else ""
-        step = f", last step {record.step}" if record.step is not None else ", no step yet"
+        step = f", last step recorded {record.step}" if record.step is not None else ", no step yet"
         parts.append(f"rank {rank} on {host} in phase {record.phase}{since}{step}")
     more = f" and {len(chosen) - 4} more" if len(chosen) > 4 else ""
     return "stuck: " + "; ".join(parts) + more

@@ -3,7 +3,8 @@
 steps, compute, slow_rank/slow_from (that rank computes 2x from that step on, and says when),
 ckpt_every/ckpt_x (rank 0 checkpoints for ckpt_x steps' compute every ckpt_every steps, the
 others wait in a barrier; then every rank evaluates for 3 steps' compute), stuck_rank/stuck_at
-(that rank sleeps forever in load_batch at that step)."""
+(that rank sleeps forever in load_batch at that step). The end (destroy_process_group, which
+can take seconds on a busy machine) is announced as a phase, as work after the last step must be."""
 import sys
 import time
 
@@ -47,7 +48,9 @@ def main() -> None:
                 time.sleep(o["compute"] * 3)
                 dist.all_reduce(torch.ones(1))
     print(f"rank {rank} done t={time.time():.2f}", flush=True)
-    dist.destroy_process_group()
+    print("finished", flush=True)  # the same line from every rank: one console line
+    with phase("shutdown"):  # after the last step: for hang_timeout auto, not a stall
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

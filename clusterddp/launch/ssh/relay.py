@@ -45,7 +45,7 @@ from clusterddp.launch.ssh.outcome import Outcome, failure_reason, job_result, u
 from clusterddp.launch.ssh.reach import ConnectError, ConnectSettings, kill_command, open_client
 from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
 from clusterddp.events import EventLog
-from clusterddp.progress import parse_record
+from clusterddp.progress import RankProgress, parse_record
 from clusterddp.protocol import (PROGRESS_MARKER, RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_progress,
                                  parse_stacks, write_stacks_report)
 from clusterddp.stackreport import HostStacks
@@ -78,6 +78,8 @@ class Relay:
         self._hang_reported = False
         self._stragglers = StragglerWatch()
         self._rank_hosts: dict[int, str] = {}
+        #: Every rank's latest progress record, from the hosts' progress lines.
+        self._records: dict[int, RankProgress] = {}
         self._events: EventLog | None = None
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
@@ -173,6 +175,7 @@ class Relay:
                 record = parse_record(str(text).encode(), float(mtime), int(rank))
                 if record is not None:
                     records.append(record)
+                    self._records[record.rank] = record
                     self._rank_hosts[record.rank] = launcher.name
         except (ValueError, TypeError):
             return  # a progress line is advice: a bad one is dropped
@@ -251,7 +254,13 @@ class Relay:
         if round_.why == "hang":
             self._hang_reported = True
             host = self.hang_host.name if self.hang_host else round_.trigger
-            self.request_stop(f"hang: no rank on {host} made progress for its hang_timeout; {merged.culprit()}")
+            self.request_stop(f"hang: no rank on {host} made progress for its hang_timeout; {merged.culprit()}"
+                              + self._phases(merged.suspects()))
+
+    def _phases(self, ranks: Sequence[int]) -> str:
+        """Where the suspects' progress records left them: phase and last step."""
+        known = [self._records[rank] for rank in ranks if rank in self._records]
+        return "".join(f"; rank {r.rank} in phase {r.phase}, last step recorded {r.step}" for r in known[:4])
 
 
 class Teardown:
