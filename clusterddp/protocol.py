@@ -7,7 +7,8 @@ travels between them (line markers and their JSON, a byte on stdin, signals, var
 files in the run's log directory) is spelled here and nowhere else:
 
 - ``CLUSTERDDP_RESULT {json}``, remote launcher's stdout -> head (``--report-json``):
-  ``result_line`` / ``parse_result``
+  ``result_line`` / ``parse_result``; with the restart verdict's inputs the head lacks
+  (whether any of the host's ranks completed a step), so the head judges as a node does
 - ``CLUSTERDDP_STACKS {json}``, remote launcher's stdout -> head, one per dump:
   ``stacks_line`` / ``parse_stacks``; its stderr block, hidden by the head: ``stacks_block_title``
 - ``CLUSTERDDP_PROGRESS {json}``, remote launcher's stdout -> head, at most every 0.5 s while
@@ -92,11 +93,18 @@ def restart_marker(attempt: int) -> bytes:
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n").encode()
 
 
-def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None, reason: str | None) -> str:
-    """The ``CLUSTERDDP_RESULT`` line a launcher started by the head prints at its end."""
+def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None, reason: str | None,
+                progressed: bool | None = None) -> str:
+    """The ``CLUSTERDDP_RESULT`` line a launcher started by the head prints at its end.
+
+    ``root_cause`` carries the failed worker's exit, signal and last lines (its traceback);
+    ``progressed``: did any of this host's ranks complete a step in the attempt (None: not
+    known). With them the head applies the restart verdict (``launch/verdict.py``) to the
+    whole job exactly as a launcher alone applies it to its group."""
     import json
 
-    result = {"exit_code": exit_code, "host": host, "root_cause": root_cause, "reason": reason}
+    result = {"exit_code": exit_code, "host": host, "root_cause": root_cause, "reason": reason,
+              "progressed": progressed}
     return RESULT_MARKER.decode() + json.dumps(result)
 
 

@@ -55,6 +55,7 @@ def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
         hang_timeout=job.hang_timeout,
         run_dir=run_dir,
         restart_on=job.restart_on,
+        restarted_outside=topology.restart_count is not None,
     )
 
 

@@ -60,6 +60,9 @@ class SupervisorOptions:
     run_dir: str | None = None
     #: Which failures ``restarts`` retries (launch/verdict.py).
     restart_on: RestartOnSpec = RestartOnSpec()
+    #: The job is restarted as a whole from outside (the SSH head, the batch script,
+    #: OpenPAI): this node's events say that the restart is not its decision.
+    restarted_outside: bool = False
 
 
 class LocalSupervisor:
@@ -88,11 +91,15 @@ class LocalSupervisor:
         self._stacks_requested = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
         self._hang_reason: str | None = None
+        #: Did a rank complete a step in the last attempt (the verdict's input, also sent to
+        #: the SSH head in the result line); None: no attempt ended yet.
+        self._progressed: bool | None = None
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code."""
         self.group.open()
         self._write_launcher_file()
+        self.runlog.events.attempt = self.options.first_attempt  # a whole-job restart's launcher
         self.runlog.emit("run_start", job=self.options.job_name, ranks=[p.rank for p in self.plans],
                          restarts=self.options.restarts, hang_timeout=self.options.hang_timeout)
         previous = self._install_signal_handlers()
@@ -112,7 +119,8 @@ class LocalSupervisor:
             for attempt in attempts:
                 self.console.say(f"clusterddp:   {attempt.line()}")
         if self.options.report_json:
-            self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason))
+            self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason,
+                                   self._progressed))
         self.runlog.emit("run_end", exit_code=code)
         self.runlog.close()
         self.console.settle()
@@ -155,14 +163,17 @@ class LocalSupervisor:
             backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
             failure = failure_of(code, root.signal_name if root else None, root.tail if root else (),
                                  hang=self._hang_reason is not None) if failed else None
-            repeat = will_repeat(failure, self.runlog.progressed(), previous,
+            self._progressed = self.runlog.progressed()
+            repeat = will_repeat(failure, bool(self._progressed), previous,
                                  self.options.first_attempt + number - 1 if previous else None,
                                  self.options.restart_on) if failure else None
             if backoff is not None and repeat:
                 self.console.say(f"clusterddp: not restarting: {repeat}")
                 backoff = None
-            self._attempt_ended(code, cause, failure, root, backoff, repeat or end_reason(
-                self.policy, number, code if failed else None, self._stop_reason))
+            why = repeat or end_reason(self.policy, number, code if failed else None, self._stop_reason)
+            if failed and self.options.restarted_outside and self._stop_reason is None:
+                why = "whole-job restarts are decided by whoever started the nodes"
+            self._attempt_ended(code, cause, failure, root, backoff, why)
             previous = failure
             if backoff is None:
                 return code, exits, root, attempts

@@ -25,6 +25,8 @@ from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, forwarded_env,
                                            next_backoff, prepare, refuse_loopback, restart_line)
+from clusterddp.launch.ssh.gather import Gatherer
+from clusterddp.launch.ssh.headlog import HeadLog
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
 from clusterddp.launch.ssh.io import Console, RemoteLauncher, start_hosts
 from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, format_outcome
@@ -85,9 +87,13 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     stop = _Stop()
     _install(stop)
     head_lock = runlock.RankLocks()
+    log = HeadLog(job)
     try:
-        return _attempts(launch, stop, head_lock)
+        code = _attempts(launch, stop, head_lock, log)
+        log.close(code)
+        return code
     finally:
+        log.close(None)
         _restore(stop)
         head_lock.release()
 
@@ -103,8 +109,9 @@ def _node_bounds(job: JobSpec, hosts: Sequence[Host]) -> tuple[int, int]:
     return low, high
 
 
-def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks) -> int:
-    """Start the job, and start it again after a failure while restarts are left.
+def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: HeadLog) -> int:
+    """Start the job, and start it again after a failure while restarts are left, unless the
+    failure will repeat (``HeadLog.judge``: the verdict a launcher alone applies).
 
     ``head_lock`` takes the run's head lock once the first preflight passed, before any host
     starts: a second job with this run id would overwrite launcher.json and append to the
@@ -112,6 +119,9 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks) -> int:
     console = launch.console
     attempts: list[Attempt] = []
     dead: dict[str, str] = {}  # hosts whose connection was lost in the last attempt
+    run_dir = Path(launch.job.logs.dir) / launch.run_id
+    gatherer = Gatherer(os.path.join(launch.cwd, launch.job.logs.dir, launch.run_id), run_dir, console,
+                        launch.settings.timeout)
     while True:
         number = len(attempts)
         start: Start | None = None
@@ -135,8 +145,10 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks) -> int:
             if not head_lock.fds:
                 head_lock.fds = runlock.lock_head(str(Path(launch.job.logs.dir) / launch.run_id),
                                                   launch.job.where("logs.dir"), launch.run_id).fds
+            log.open(str(run_dir), [p.host for p in start.plans])
+            log.attempt_started(number, [p.host for p in start.plans], sum(p.nproc for p in start.plans))
             began = time.monotonic()
-            outcome = _run(launch, start, number, stop)
+            outcome = _run(launch, start, number, stop, gatherer)
         finally:
             for session in start.sessions if start else ():
                 session.close()
@@ -144,6 +156,11 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks) -> int:
                                 world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
                                 failure=attempt_failure(outcome), seconds=time.monotonic() - began))
         backoff = next_backoff(attempts, launch.job.restarts, stopping=stop.signum is not None)
+        repeat = log.judge(outcome, number)
+        if backoff is not None and repeat:
+            console.say(f"not restarting: {repeat}")
+            backoff = None
+        log.attempt_ended(number, outcome, backoff, repeat, outcome.stop_reason if stop.signum is not None else None)
         if backoff is None:
             return _finish(attempts, launch.console)
         dead = {lau.name: f"connection lost in attempt {number + 1}" for lau in outcome.launchers
@@ -154,6 +171,7 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks) -> int:
         if _pause(backoff - stopping, stop):
             signum = stop.signum or signal.SIGTERM
             console.say(f"{signal.Signals(signum).name} before the restart: not restarting")
+            log.emit("stop", why=f"{signal.Signals(signum).name} on the head before the restart")
             _finish(attempts, launch.console)
             return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
 
@@ -189,14 +207,16 @@ def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]
     return target, paths
 
 
-def _run(launch: Launch, start: Start, number: int, stop: _Stop) -> Outcome:
+def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gatherer) -> Outcome:
     """One attempt, step by step: each chosen host's log opened, GO to every host at once, relay
-    until the end, report its failure."""
+    until the end, the hosts' event logs gathered, report its failure."""
     log_dir = Path(launch.job.logs.dir) / launch.run_id
     launchers = _launchers(launch, start, number, log_dir)
     try:
         start_hosts(launchers)
+        gatherer.look(launchers)
         outcome = _relay(launch, launchers, log_dir, stop)
+        gatherer.gather(launchers)
     finally:
         for launcher in launchers:
             launcher.log.close()

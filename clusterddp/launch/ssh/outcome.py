@@ -25,6 +25,7 @@ from typing import Any, Sequence, TypeVar
 
 from clusterddp import exitcodes
 from clusterddp.launch.logs import visible_text
+from clusterddp.launch.verdict import Failure, failure_of
 
 #: Exit code when a host is lost (ssh's own convention for connection errors).
 HOST_LOST = 255
@@ -143,6 +144,39 @@ def attempt_failure(outcome: Outcome) -> str | None:
     if outcome.exit_code != 0:
         return outcome.stop_reason or "a host failed"
     return None
+
+
+def verdict_failure(outcome: Outcome) -> Failure | None:
+    """The attempt's first failure as the restart verdict reads it (``launch/verdict.py``):
+    the root host's failed worker (exit, signal, traceback, from its result line), a hang, or
+    a lost host; None when nothing failed, or the failure was a launcher's own and not a
+    worker's (it is restarted as before: nothing says it will repeat)."""
+    if outcome.exit_code == 0:
+        return None
+    if outcome.exit_code == exitcodes.HANG:
+        return Failure(exitcodes.HANG, hang=True)
+    root = outcome.root
+    if root is None:
+        return None
+    if root.lost:
+        return Failure(HOST_LOST, message=root.lost)
+    cause = (root.result or {}).get("root_cause")
+    if not cause or cause.get("stopped_by_us"):
+        return None
+    tail = cause.get("tail")
+    code = cause.get("exit_code")
+    return failure_of(code if isinstance(code, int) else root.exit_code or 1,
+                      cause.get("signal") if isinstance(cause.get("signal"), str) else None,
+                      [str(line) for line in tail] if isinstance(tail, list) else [])
+
+
+def progressed(hosts: Sequence[HostState]) -> bool:
+    """Did any rank of the job complete a step in the attempt, as the hosts' launchers saw it
+    in their ranks' progress records? Unknown (no host said, e.g. all lost) counts as yes,
+    so such an attempt is restarted as before."""
+    said = [host.result.get("progressed") for host in hosts if host.result is not None]
+    known = [value for value in said if isinstance(value, bool)]
+    return any(known) or not known
 
 
 def format_outcome(job_name: str, outcome: Outcome) -> str:
