@@ -8,8 +8,8 @@ import pytest
 
 from clusterddp import exitcodes
 from clusterddp.launch.ssh.outcome import (HOST_LOST, HostState, Outcome, attempt_failure, failure_reason,
-                                           format_outcome, host_exit_code, job_result, root_cause,
-                                           unhandled_failure)
+                                           format_outcome, host_exit_code, job_result, progressed, root_cause,
+                                           unhandled_failure, verdict_failure)
 
 NOW = 1000.0
 LOST = "connection lost (no TCP acknowledgement for 5s: link down or host dead?)"
@@ -118,3 +118,35 @@ def test_report_over_plain_data_names_the_first_failure_and_every_host() -> None
         "    n1               node 0   stopped by clusterddp (exit 143)",
         "    n2               node 0   finished (exit 0)"]
     assert attempt_failure(outcome) == "n0: rank 4 exit code 3"
+
+
+TRACEBACK = ["Traceback (most recent call last):", '  File "/w/train.py", line 2, in <module>',
+             "ImportError: cannot import name 'x' from 'os'"]
+
+
+@pytest.mark.parametrize("code, root, expected", [
+    (0, None, None),                                                                # success
+    (exitcodes.HANG, {"result": failed(1)}, "hang"),                                # a hang, whatever the root
+    (1, {"result": failed(1, tail=TRACEBACK)}, "ImportError at train.py:2"),        # the worker's traceback
+    (137, {"result": failed(137, signal="SIGKILL")}, "SIGKILL"),
+    (HOST_LOST, {"lost": LOST}, f"exit {HOST_LOST}"),                               # lost: never judged repeating
+    (2, {"result": {"exit_code": 2, "root_cause": None, "reason": "bad job"}}, None),  # the launcher's own failure
+    (143, None, None),                                                              # the head was stopped
+])
+def test_verdict_failure(code: int, root: dict[str, Any] | None, expected: str | None) -> None:
+    """The head reads the root host's failure as a launcher alone reads its worker's."""
+    host = hosts(root)[0] if root is not None else None
+    failure = verdict_failure(Outcome(exit_code=code, root=host, stop_reason=None, launchers=[], seconds=1.0))
+    assert (failure.name() if failure else None) == expected
+
+
+@pytest.mark.parametrize("said, expected", [
+    ([False, False], False),   # no rank of any host completed a step
+    ([False, True], True),     # one host's ranks did
+    ([None, False], False),    # a host that reported nothing is not a yes
+    ([None], True),            # nobody said: unknown counts as progress (restart as before)
+])
+def test_progressed(said: list[bool | None], expected: bool) -> None:
+    """Any host's ranks completing a step counts; no word from any host counts as progress."""
+    states = hosts(*({"result": {"exit_code": 1, "progressed": p}} if p is not None else {"lost": LOST} for p in said))
+    assert progressed(states) is expected
