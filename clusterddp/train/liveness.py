@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Iterator
 
 from clusterddp.protocol import HEARTBEAT_FILE_ENV
@@ -139,6 +139,40 @@ def step(number: int | None = None) -> Iterator[StepTimer]:
     timer = StepTimer()
     yield timer
     heartbeat(number, timer.compute_s)
+
+
+class PhaseMarks:
+    """Phases opened and closed by separate calls, for frameworks that announce a phase's start
+    and end in two hooks (Lightning's ``on_validation_start``/``_end``, HF's ``on_save``)
+    instead of around one block: ``enter("eval")`` ... ``leave("eval")``. Entering a phase
+    already open does nothing; leaving one closes the phases opened inside it first (a hook
+    that never came, an exception); ``leave_all`` closes everything (training ended)."""
+
+    def __init__(self) -> None:
+        self._open: list[tuple[str, AbstractContextManager[None]]] = []
+
+    def enter(self, name: str) -> None:
+        if self.is_open(name):
+            return
+        mark = phase(name)
+        mark.__enter__()
+        self._open.append((name, mark))
+
+    def leave(self, name: str) -> None:
+        if not self.is_open(name):
+            return
+        while self._open:
+            opened, mark = self._open.pop()
+            mark.__exit__(None, None, None)
+            if opened == name:
+                return
+
+    def leave_all(self) -> None:
+        while self._open:
+            self.leave(self._open[-1][0])
+
+    def is_open(self, name: str) -> bool:
+        return any(opened == name for opened, _ in self._open)
 
 
 def _announce(state: _Record, name: str) -> None:
