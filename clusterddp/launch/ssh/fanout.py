@@ -148,7 +148,7 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
             log.open(str(run_dir), [p.host for p in start.plans])
             log.attempt_started(number, [p.host for p in start.plans], sum(p.nproc for p in start.plans))
             began = time.monotonic()
-            outcome = _run(launch, start, number, stop, gatherer)
+            outcome = _run(launch, start, number, stop, gatherer, log)
         finally:
             for session in start.sessions if start else ():
                 session.close()
@@ -207,7 +207,7 @@ def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]
     return target, paths
 
 
-def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gatherer) -> Outcome:
+def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gatherer, log: HeadLog) -> Outcome:
     """One attempt, step by step: each chosen host's log opened, GO to every host at once, relay
     until the end, the hosts' event logs gathered, report its failure."""
     log_dir = Path(launch.job.logs.dir) / launch.run_id
@@ -215,7 +215,7 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gathe
     try:
         start_hosts(launchers)
         gatherer.look(launchers)
-        outcome = _relay(launch, launchers, log_dir, stop)
+        outcome = _relay(launch, launchers, log_dir, stop, log)
         gatherer.gather(launchers)
     finally:
         for launcher in launchers:
@@ -240,10 +240,10 @@ def _launchers(launch: Launch, start: Start, number: int, log_dir: Path) -> list
     return launchers
 
 
-def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop: _Stop) -> Outcome:
+def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop: _Stop, log: HeadLog) -> Outcome:
     """Relay the started hosts until the end; a stop signal that came before is acted on at once."""
     relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
-                  heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir)
+                  heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir, events=log.events)
     if launch.job.logs.merge and launch.job.logs.prefix:
         world = sum(launcher.plan.nproc for launcher in launchers)
         shown = launch.job.logs.ranks

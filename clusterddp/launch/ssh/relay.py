@@ -61,7 +61,7 @@ class Relay:
 
     def __init__(self, launchers: list[RemoteLauncher], console: Console,
                  settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, events: EventLog | None = None) -> None:
         self.launchers = launchers
         self.console = console
         self.heartbeat_interval = heartbeat_interval
@@ -80,7 +80,9 @@ class Relay:
         self._rank_hosts: dict[int, str] = {}
         #: Every rank's latest progress record, from the hosts' progress lines.
         self._records: dict[int, RankProgress] = {}
-        self._events: EventLog | None = None
+        #: The head's event log (``ssh.headlog``: one writer of events.jsonl); None: one of
+        #: its own is opened on the first straggler.
+        self._events: EventLog | None = events
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
         """Stop every host (safe from a signal handler: the loop acts on it)."""
