@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from clusterddp.errors import JobSpecError
-from clusterddp.schedulers.kubernetes_render import render_manifest
+from clusterddp.schedulers.kubernetes.render import render_manifest
 from clusterddp.sections.kubernetes import FLAVORS
 from clusterddp.spec import load_job
 from tests.conftest import REPO
@@ -113,7 +113,7 @@ def test_free_text_cannot_change_structure(flavor: str) -> None:
     """Annotation values, the job path and the job file's text (in the launcher's ConfigMap),
     the only free text rendered, read back as the same two objects: no value adds a document,
     a key or a kind."""
-    from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_objects
+    from clusterddp.schedulers.kubernetes.render import render_kubernetes, render_objects
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
         section = {"annotations": {"a": INJECTION, "b": "---\napiVersion: v1\nkind: Secret"}}

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from clusterddp.schedulers import kubernetes as k8s
+from clusterddp.schedulers.kubernetes import scheduler as k8s
 from tests.conftest import REPO, cli, cli_env
 from tests.kubernetes.crds import CRD_FILES, require_crds
 

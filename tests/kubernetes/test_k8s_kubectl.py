@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterddp.schedulers import kubernetes as k8s
+from clusterddp.schedulers.kubernetes import scheduler as k8s
 from tests.conftest import REPO, cli, cli_env
 
 FAKE = Path(__file__).resolve().parent / "fake_kubectl.py"

@@ -17,7 +17,7 @@ import yaml
 from clusterddp import __version__, pack
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NONFINITE_LOSS, PREEMPTED
-from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_manifest, render_objects
+from clusterddp.schedulers.kubernetes.render import render_kubernetes, render_manifest, render_objects
 from clusterddp.sections import k8s_names
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import FLAVORS

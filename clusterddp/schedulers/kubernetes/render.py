@@ -5,12 +5,12 @@ pasted into YAML text, so no value (``"a\\nkind: Pod"`` included) can change the
 structure. Names were checked at load time (clusterddp.sections.kubernetes); the rules that
 need the whole job (the flavor, ``nodes``, ``restarts``, GPUs) are checked here, naming the key.
 
-What the pod runs (clusterddp.schedulers.kubernetes_launcher): by default the image's python3
+What the pod runs (clusterddp.schedulers.kubernetes.launcher): by default the image's python3
 runs the launcher packed as one zipapp, from a ConfigMap rendered before the object (the image
 needs python3 and torch, not clusterddp); with ``kubernetes.launcher: image``, the image's own
 ``clusterddp run JOB_PATH``. Either way in the image's working directory (``container.workdir``
 where the flavor has the field), which holds the script at its path relative to the checkout.
-The image is ``container.image`` (clusterddp.schedulers.kubernetes_container). Each pod is placed by what its controller gives it: a
+The image is ``container.image`` (clusterddp.schedulers.kubernetes.container). Each pod is placed by what its controller gives it: a
 TrainJob pod by the torch plugin's ``PET_*`` (the renderer sets none: the webhook refuses
 them); a JobSet pod by the ``CLUSTERDDP_JOBSET_*`` contract of clusterddp.envs.jobset, written
 here, plus the Job controller's ``JOB_COMPLETION_INDEX``; a PyTorchJob pod by the operator's
@@ -28,8 +28,8 @@ from clusterddp import __version__
 from clusterddp.envs import jobset as contract
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NOT_RESTARTED
-from clusterddp.schedulers import kubernetes_container as kc
-from clusterddp.schedulers import kubernetes_launcher as launcher
+from clusterddp.schedulers.kubernetes import container as kc
+from clusterddp.schedulers.kubernetes import launcher
 from clusterddp.schedulers import quoting as q
 from clusterddp.sections import k8s_names
 from clusterddp.sections.kubernetes import FLAVORS, QUEUE_LABEL

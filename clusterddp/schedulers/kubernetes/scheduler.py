@@ -1,13 +1,13 @@
 """``clusterddp render|submit k8s JOB``, ``clusterddp status|stop|logs k8s [KIND/]NAME``.
 
 ``KubernetesScheduler`` (clusterddp.schedulers.api) renders the job file with
-clusterddp.schedulers.kubernetes_render and hands the object to the thin kubectl boundary below.
+clusterddp.schedulers.kubernetes.render and hands the object to the thin kubectl boundary below.
 
 Everything talks to the cluster through ``kubectl`` with the user's own kubeconfig, context
 and namespace (``--context``, ``--namespace``, ``KUBECONFIG``), as ``submit slurm`` goes
 through ``sbatch``: argv is built here, kubectl's JSON parsed here, and kubectl's documented
 error lines turned into one line each (exit 2). The manifest is the launcher's ConfigMap, then
-the object (clusterddp.schedulers.kubernetes_launcher); ``submit`` creates them one at a time
+the object (clusterddp.schedulers.kubernetes.launcher); ``submit`` creates them one at a time
 with ``kubectl create -f -`` and deletes the ConfigMap when the object is refused, so nothing is
 left half-created; ``stop`` deletes the object, then its ConfigMap.
 """
@@ -25,8 +25,8 @@ from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
-from clusterddp.schedulers.kubernetes_launcher import configmap_name
-from clusterddp.schedulers.kubernetes_render import render_documents
+from clusterddp.schedulers.kubernetes.launcher import configmap_name
+from clusterddp.schedulers.kubernetes.render import render_documents
 from clusterddp.sections import k8s_names
 from clusterddp.spec import JobSpec
 from clusterddp.validate import escape_controls, shown
