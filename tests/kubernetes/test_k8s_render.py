@@ -23,7 +23,7 @@ from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import FLAVORS
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import REPO
-from tests.kubernetes.crds import cel_rules, schema_errors
+from tests.kubernetes.crds import CRD_FILES, RUNTIME, cel_rules, require_crds, schema_errors, served_schema
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
@@ -94,6 +94,20 @@ def test_schema_check_catches_a_wrong_field() -> None:
     errors = schema_errors(obj)
     assert any("numNodes" in e and "integer" in e for e in errors), errors
     assert any("gpus" in e for e in errors), errors
+
+
+def test_every_kind_the_test_cluster_needs_has_its_crd() -> None:
+    """CRD_FILES (what the k8s tests install) holds every CRD of the reference set, the runtime's
+    kind among them, each file defining the kind it is listed under (a fresh cluster needs all)."""
+    crds = require_crds()
+    defined = {}
+    for path in sorted(crds.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                defined[doc["spec"]["names"]["kind"]] = path.name
+    assert CRD_FILES == defined
+    runtime = yaml.safe_load((crds / RUNTIME).read_text(encoding="utf-8"))
+    assert schema_errors(runtime) == [] and served_schema(runtime["kind"], runtime["apiVersion"])
 
 
 #: Every CEL rule of the served schemas, and why it holds for a rendered object on create.
