@@ -33,6 +33,14 @@ def main() -> int:
         log.write(json.dumps({"argv": argv, "stdin": stdin}) + "\n")
     kind = re.search(r"^kind: (\w+)$", stdin, re.MULTILINE)
     configmap = kind is not None and kind.group(1) == "ConfigMap"
+    given = argv[argv.index("--namespace") + 1] if "--namespace" in argv else None
+    written = re.search(r"^  namespace: \"?([^\"\n]+)\"?$", stdin, re.MULTILINE)
+    if "create" in argv and given and written and written.group(1) != given:
+        # kubectl v1.32.4, shared/testbeds/kubernetes/README.md (job file namespace vs --namespace)
+        sys.stderr.write(f'error: the namespace from the provided object "{written.group(1)}" does not match the '
+                         f'namespace "{given}". You must pass \'--namespace={written.group(1)}\' to perform this '
+                         'operation.\n')
+        return 1
     if SCENARIO in STDERR or (SCENARIO in OBJECT_ONLY and "create" in argv and not configmap):
         sys.stderr.write(STDERR[OBJECT_ONLY.get(SCENARIO, SCENARIO)] + "\n")
         return 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -50,9 +51,55 @@ def test_submit_pipes_the_manifest_to_kubectl_create(kubectl_env: dict[str, str]
     for call in (first, second):
         assert call["argv"] == ["--context", "lab", "--namespace", "team-a", "create", "-f", "-", "-o", "name"]
     assert [yaml.safe_load(str(c["stdin"]))["kind"] for c in (first, second)] == ["ConfigMap", "TrainJob"]
-    rendered = cli("render", "k8s", JOB, env=kubectl_env).stdout
+    rendered = cli("render", "k8s", JOB, "--namespace", "team-a", env=kubectl_env).stdout
     assert rendered.endswith(str(first["stdin"]) + str(second["stdin"]))
     assert "clusterddp logs k8s trainjob.trainer.kubeflow.org/cifar10" in done.stderr
+
+
+def namespaced_job(tmp_path: Path, namespace: str = "team-vision") -> str:
+    """jobs/cifar10.yaml with ``kubernetes.namespace`` set, beside a copy of its script."""
+    data = yaml.safe_load((REPO / JOB).read_text(encoding="utf-8"))
+    data["kubernetes"]["namespace"] = namespace
+    path = tmp_path / "cifar10.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    (tmp_path / "cifar10.py").write_text("", encoding="utf-8")
+    return str(path)
+
+
+def test_namespace_flag_wins_over_the_job_file(kubectl_env: dict[str, str], tmp_path: Path) -> None:
+    """kubernetes.namespace: team-vision, --namespace cddp-e2e: every object kubectl gets, and what
+    render k8s --namespace prints, is in cddp-e2e (kubectl refuses an object of another namespace)."""
+    job = namespaced_job(tmp_path)
+    done = k8s_cli(kubectl_env, "submit", "k8s", job, "--namespace", "cddp-e2e")
+    assert done.returncode == 0, done.stderr
+    for call in calls(kubectl_env):
+        assert call["argv"][:2] == ["--namespace", "cddp-e2e"]
+        assert yaml.safe_load(str(call["stdin"]))["metadata"]["namespace"] == "cddp-e2e"
+    rendered = k8s_cli(kubectl_env, "render", "k8s", job, "--namespace", "cddp-e2e", "--flavor", "jobset")
+    assert rendered.returncode == 0, rendered.stderr
+    assert [d["metadata"]["namespace"] for d in yaml.safe_load_all(rendered.stdout)] == ["cddp-e2e", "cddp-e2e"]
+    bad = k8s_cli(kubectl_env, "render", "k8s", job, "--namespace", "Team_Vision")
+    assert bad.returncode == 2 and "--namespace: invalid namespace value: 'Team_Vision'" in bad.stderr
+
+
+@pytest.mark.parametrize("flags,namespace", [
+    (("--context", "lab one", "--namespace", "team-a"), "team-a"),
+    ((), "team-vision"),
+])
+def test_follow_up_hint_is_pasteable(kubectl_env: dict[str, str], tmp_path: Path, flags: tuple[str, ...],
+                                     namespace: str) -> None:
+    """The printed 'follow it with:' command keeps --context and the namespace used (the job
+    file's included), shell-quoted; run as printed, it asks kubectl in the same place."""
+    done = k8s_cli(kubectl_env, "submit", "k8s", namespaced_job(tmp_path), *flags)
+    assert done.returncode == 0, done.stderr
+    hint = done.stderr.strip().partition("follow it with: ")[2]
+    assert hint == shlex.join(["clusterddp", "logs", "k8s", "trainjob.trainer.kubeflow.org/cifar10", *flags[:2],
+                               "--namespace", namespace])
+    Path(kubectl_env["FAKE_KUBECTL_LOG"]).unlink()
+    again = k8s_cli(kubectl_env, *shlex.split(hint)[1:])
+    assert again.returncode == 0, again.stderr
+    where = [*flags[:2], "--namespace", namespace]
+    assert all(c["argv"][:len(where)] == where for c in calls(kubectl_env))
 
 
 def test_refused_object_deletes_its_configmap(kubectl_env: dict[str, str]) -> None:

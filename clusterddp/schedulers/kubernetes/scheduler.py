@@ -20,7 +20,7 @@ import shlex
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
@@ -61,6 +61,14 @@ class KubectlError(ClusterDDPError):
 def flavor(text: str) -> str:
     """``--flavor``: one of FLAVORS (a ValueError is argparse's one usage line naming the flag)."""
     if text not in RESOURCES:
+        raise ValueError(text)
+    return text
+
+
+def namespace(text: str) -> str:
+    """``--namespace``: a DNS-1123 label, as ``kubernetes.namespace`` is (it is written into the
+    manifest); a ValueError is argparse's one usage line naming the flag."""
+    if k8s_names.dns1123_label_problem(text):
         raise ValueError(text)
     return text
 
@@ -117,14 +125,18 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
              help="the kind of object (default: the job's kubernetes.flavor, else trainjob)"),
         Flag("output", ("-o", "--output"), help="write the manifest here instead of printing it", actions=("render",)),
         Flag("context", ("--context",), help="kubeconfig context (default: its current one)", actions=_REMOTE),
-        Flag("namespace", ("--namespace",), actions=_REMOTE,
-             help="namespace (default: kubernetes.namespace, else the context's namespace)"),
+        Flag("namespace", ("--namespace",), convert=namespace,
+             help="namespace of every object (default: kubernetes.namespace, else the context's namespace)"),
         Flag("dry_run", ("--dry-run",), switch=True, actions=("submit",),
              help="print the manifest and the kubectl command, create nothing"),
     )
 
     def render(self, job: JobSpec, options: KubernetesOptions) -> RenderedRequest:
-        """The manifest, with the job path as given: the pod runs it in the image's working directory."""
+        """The manifest, with the job path as given: the pod runs it in the image's working
+        directory. ``--namespace`` wins over ``kubernetes.namespace`` in every object (kubectl
+        refuses an object whose namespace differs from its own ``--namespace``)."""
+        if options.namespace:
+            job = replace(job, kubernetes=replace(job.kubernetes, namespace=options.namespace))
         header, documents = render_documents(job, str(options.job), options.flavor)
         command = shlex.join([*base_argv(options, job), "create", "-f", "-", "-o", "name"])
         manifest = header + "".join(text for _, text in documents)
@@ -141,7 +153,8 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
             return 0
         created = create(request, options, env)
         print(created)
-        print(f"clusterddp: created; follow it with: clusterddp logs k8s {created}", file=sys.stderr)
+        print(f"clusterddp: created; follow it with: {follow_up('logs', created, options, request.job)}",
+              file=sys.stderr)
         return 0
 
     def status(self, options: KubernetesOptions, env: Mapping[str, str]) -> int:
@@ -190,6 +203,19 @@ def base_argv(options: KubernetesOptions, job: JobSpec | None = None) -> list[st
     if namespace:
         argv += ["--namespace", namespace]
     return argv
+
+
+def follow_up(action: str, name: str, options: KubernetesOptions, job: JobSpec | None = None) -> str:
+    """``clusterddp ACTION k8s NAME`` with the context and namespace this command used, shell-quoted:
+    a hint a user pastes finds the same object (``status``/``logs`` read no job file, so the
+    job file's namespace must be spelled out)."""
+    argv = ["clusterddp", action, "k8s", name]
+    if options.context:
+        argv += ["--context", options.context]
+    chosen = options.namespace or (job.kubernetes.namespace if job else None)
+    if chosen:
+        argv += ["--namespace", chosen]
+    return shlex.join(argv)
 
 
 def kubectl_error(stderr: str, returncode: int) -> KubectlError:
@@ -356,7 +382,8 @@ def logs(options: KubernetesOptions, env: Mapping[str, str], out: IO[str] = sys.
     base = base_argv(options)
     states = pods_of(base, flavor, name, env)
     if not states:
-        raise KubectlError(f"no pods of {flavor} {name} yet (kubectl get pods -l {POD_SELECTORS[flavor]}={name})")
+        selector = f"{POD_SELECTORS[flavor]}={name}"
+        raise KubectlError(f"no pods of {flavor} {name} yet ({shlex.join([*base, 'get', 'pods', '-l', selector])})")
     lock = threading.Lock()
     procs = [(s, subprocess.Popen([*base, "logs", "-f", s.name], stdout=subprocess.PIPE, text=True, env=dict(env)))
              for s in states]
