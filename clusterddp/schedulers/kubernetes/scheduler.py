@@ -15,6 +15,7 @@ left half-created; ``stop`` deletes the object, then its ConfigMap.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
+from clusterddp.redact import register_present, scrub
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
 from clusterddp.schedulers.kubernetes.launcher import configmap_name
 from clusterddp.schedulers.kubernetes.render import render_documents
@@ -39,23 +41,55 @@ POD_SELECTORS = {"trainjob": "jobset.sigs.k8s.io/jobset-name", "jobset": "jobset
                  "pytorchjob": "training.kubeflow.org/job-name"}
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TIMEOUT = 60.0
-#: kubectl's stderr -> one line (documented shapes: apimachinery StatusReason, kubectl's own errors).
+#: The kind of each flavor's resource, as a message names it ("the cluster does not know JobSet").
+KINDS = {"trainjobs.trainer.kubeflow.org": "TrainJob", "jobsets.jobset.x-k8s.io": "JobSet",
+         "pytorchjobs.kubeflow.org": "PyTorchJob"}
+#: The object itself is missing (a missing namespace or CRD has its own row).
+NOT_FOUND = "{0} not found"
+NO_CRD = "the cluster does not know {0}: its CRD is not installed (see docs/kubernetes.md, 'Installing the CRDs')"
+#: kubectl's stderr -> one line, first match wins (kubectl v1.32.4's own words, recorded against a
+#: real API server: shared/testbeds/kubernetes/README.md). A group that names a flavor's
+#: resource is shown as its kind. Order matters: a certificate or credentials problem also reads
+#: "Unable to connect"; ``kubectl create`` reports all three as "failed to download openapi",
+#: with advice (--validate=false) a clusterddp user cannot follow.
 ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"no matches for kind \"(\w+)\"|the server doesn't have a resource type \"(\w+)\""),
-     "the cluster does not know {0}: its CRD is not installed (see docs/kubernetes.md, 'Installing the CRDs')"),
+    (re.compile(r"x509: ([^;\n\"]*)"),
+     "the API server's certificate is not trusted ({0}): check the cluster's certificate-authority in the kubeconfig"),
+    (re.compile(r"the server has asked for the client to provide credentials|You must be logged in to the server"
+                r"|\(Unauthorized\)"),
+     "unauthorized: the API server refused the kubeconfig's credentials (an expired or wrong token or "
+     "certificate)"),
+    (re.compile(r"failed to download openapi: Get \"(\w+://[^/\"]+)[^\"]*\": (?:dial tcp [^ ]+: )?([^;\n]*)"),
+     "cannot reach the API server at {0}: {1}"),
+    (re.compile(r"The connection to the server (\S+) was refused"), "cannot reach the API server at {0}: connection refused"),
+    (re.compile(r"Unable to connect to the server: (?:dial tcp ([^ ]+)|Get \"(\w+://[^/\"]+)[^\"]*\"): ([^\n]*)"),
+     "cannot reach the API server at {0}: {1}"),
+    (re.compile(r"(Unable to connect to the server[^\n]*)"), "cannot reach the API server: {0}"),
+    (re.compile(r"no matches for kind \"(\w+)\"|the server doesn't have a resource type \"(\w+)\""), NO_CRD),
+    # A CRD removed while kubectl's discovery cache still lists it (the normal case right after).
+    (re.compile(r"the server could not find the requested resource \((?:post|get|delete|list|patch|put) ([^)\s]+)\)"),
+     NO_CRD),
     (re.compile(r"\(AlreadyExists\).*\"([^\"]+)\" already exists"),
      "{0} already exists in that namespace: stop it first, or set kubernetes.name"),
     (re.compile(r"\(Forbidden\).*?(User \"[^\"]*\" cannot [^\n]*)"), "forbidden: {0}"),
     (re.compile(r"\(NotFound\).*namespaces \"([^\"]+)\" not found"), "namespace {0} does not exist"),
-    (re.compile(r"\(NotFound\).*?\"([^\"]+)\" not found"), "{0} not found"),
-    (re.compile(r"(Unable to connect to the server[^\n]*|The connection to the server \S+ was refused)"),
-     "cannot reach the API server: {0}"),
+    (re.compile(r"\(NotFound\).*?\"([^\"]+)\" not found"), NOT_FOUND),
     (re.compile(r"(is invalid: [^\n]*)"), "the server refused the object: {0}"),
 )
+#: A klog line (``E1125 21:09:15.597355   19314 memcache.go:265] ...``): kubectl's internal log,
+#: never the message for the user (kubectl prints its real error last).
+KLOG_LINE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^ \]]+:\d+\] ")
+#: What ``kubectl create -o name`` prints: ``trainjob.trainer.kubeflow.org/cifar10``.
+CREATED = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+#: At most this much of kubectl's output is read as JSON or shown (a list of every pod: a few MB).
+MAX_OUTPUT = 64 << 20
 
 
 class KubectlError(ClusterDDPError):
-    """kubectl is missing, or the server refused: one line, exit 2."""
+    """kubectl is missing, or the server refused: one line, exit 2. ``not_found``: the server
+    said the object (not its namespace, not its kind) does not exist."""
+
+    not_found: bool = False
 
 
 def flavor(text: str) -> str:
@@ -151,7 +185,8 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
             sys.stdout.write(request.text)
             print(f"# dry run: would run: {request.submit_command}")
             return 0
-        created = create(request, options, env)
+        register_present(request.job.env_passthrough, env)  # kubectl may echo one; the CLI masks errors
+        created = scrub(create(request, options, env))
         print(created)
         print(f"clusterddp: created; follow it with: {follow_up('logs', created, options, request.job)}",
               file=sys.stderr)
@@ -219,29 +254,54 @@ def follow_up(action: str, name: str, options: KubernetesOptions, job: JobSpec |
 
 
 def kubectl_error(stderr: str, returncode: int) -> KubectlError:
-    """kubectl's stderr as one line: a known shape reworded, else its first line."""
+    """kubectl's stderr as one line: a known shape reworded, else its first line that is not
+    kubectl's own log (klog), else its last."""
     for pattern, message in ERRORS:
         match = pattern.search(stderr)
         if match:
-            found = next((g for g in match.groups() if g), "")
-            return KubectlError("kubectl: " + message.format(escape_controls(found)[:300]))
-    first = next((line for line in stderr.splitlines() if line.strip()), f"exit status {returncode}")
-    return KubectlError(f"kubectl failed: {escape_controls(first)[:300]}")
+            found = [KINDS.get(g, escape_controls(g)[:300]) for g in match.groups() if g]
+            error = KubectlError("kubectl: " + message.format(*found, *[""] * 2))
+            error.not_found = message == NOT_FOUND
+            return error
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    first = next((line for line in lines if not KLOG_LINE.match(line)), lines[-1] if lines else "")
+    return KubectlError(f"kubectl failed: {escape_controls(first or f'exit status {returncode}')[:300]}")
+
+
+def unrunnable(program: str, env: Mapping[str, str], exc: OSError) -> KubectlError:
+    """Why ``program`` could not be started, in one line: missing, a directory, not executable."""
+    if isinstance(exc, FileNotFoundError) and os.sep not in program:
+        return KubectlError(f"{shown(program)} not found on PATH", "install kubectl and point KUBECONFIG at your cluster")
+    candidates = [program] if os.sep in program else [
+        os.path.join(d or ".", program) for d in env.get("PATH", os.defpath).split(os.pathsep)]
+    found = next((path for path in candidates if os.path.lexists(path)), program)
+    what = "is a directory" if os.path.isdir(found) else f"cannot be run ({exc.strerror or exc})"
+    return KubectlError(f"{shown(found, 200)} {what}", "put an executable kubectl first on PATH")
+
+
+def decoded(data: bytes, what: str) -> str:
+    """kubectl's output as text: it must be UTF-8 (JSON is); anything else is one line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KubectlError(f"kubectl printed {what} that is not UTF-8 (byte {exc.start})") from None
 
 
 def run_kubectl(argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None) -> str:
-    """Run kubectl (``env`` carries KUBECONFIG), return stdout; a missing kubectl or a failure
-    is one KubectlError line."""
+    """Run kubectl (``env`` carries KUBECONFIG), return stdout; a kubectl that cannot run, a
+    failure, or output that is not UTF-8 is one KubectlError line."""
     try:
-        done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=TIMEOUT, env=dict(env))
-    except FileNotFoundError:
-        raise KubectlError(f"{shown(argv[0])} not found on PATH", "install kubectl and point KUBECONFIG at "
-                           "your cluster") from None
+        done = subprocess.run(list(argv), input=None if stdin is None else stdin.encode("utf-8"),
+                              capture_output=True, timeout=TIMEOUT, env=dict(env))
+    except OSError as exc:
+        raise unrunnable(argv[0], env, exc) from None
     except subprocess.TimeoutExpired:
         raise KubectlError(f"kubectl did not answer in {TIMEOUT:.0f} s: cannot reach the API server?") from None
     if done.returncode != 0:
-        raise kubectl_error(done.stderr, done.returncode)
-    return done.stdout
+        raise kubectl_error(done.stderr[:MAX_OUTPUT].decode("utf-8", "replace"), done.returncode)
+    if len(done.stdout) > MAX_OUTPUT:
+        raise KubectlError(f"kubectl printed more than {MAX_OUTPUT >> 20} MiB")
+    return decoded(done.stdout, "output")
 
 
 def create(request: RenderedRequest, options: KubernetesOptions, env: Mapping[str, str]) -> str:
@@ -253,7 +313,10 @@ def create(request: RenderedRequest, options: KubernetesOptions, env: Mapping[st
     created: list[str] = []
     for _, text in documents:
         try:
-            created.append(run_kubectl(argv, env, stdin=text).strip())
+            printed = run_kubectl(argv, env, stdin=text).strip()
+            if not CREATED.fullmatch(printed):  # ``undo`` passes it to kubectl delete: no flag, no junk
+                raise KubectlError(f"kubectl create printed {shown(printed)}, not the KIND/NAME of what it created")
+            created.append(printed)
         except KubectlError as exc:
             if created:
                 undo(created, options, request.job, env, exc)
@@ -289,11 +352,28 @@ def target(options: KubernetesOptions) -> tuple[str, str]:
     return flavor, name
 
 
+def place(options: KubernetesOptions) -> str:
+    """The namespace a message names: the flag's, else the kubeconfig context's."""
+    return f"namespace {options.namespace}" if options.namespace else "the context's namespace"
+
+
+def get_object(options: KubernetesOptions, flavor: str, name: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """The object as JSON; a missing namespace, CRD or object is one line that names which (a
+    pod list in a missing namespace is merely empty, so ``logs`` asks this first)."""
+    try:
+        return parse_json(run_kubectl([*base_argv(options), "get", RESOURCES[flavor], name, "-o", "json"], env))
+    except KubectlError as exc:
+        if exc.not_found:
+            raise KubectlError(f"kubectl: {flavor} {name} not found in {place(options)}") from None
+        raise
+
+
 def status(options: KubernetesOptions, env: Mapping[str, str]) -> Status:
     flavor, name = target(options)
-    base = base_argv(options)
-    obj = parse_json(run_kubectl([*base, "get", RESOURCES[flavor], name, "-o", "json"], env))
-    return Status(str(obj.get("kind", flavor)), name, object_phase(obj), tuple(pods_of(base, flavor, name, env)))
+    obj = get_object(options, flavor, name, env)
+    kind = obj.get("kind", flavor)
+    return Status(escape_controls(kind if isinstance(kind, str) else flavor)[:100], name, object_phase(obj),
+                  tuple(pods_of(base_argv(options), flavor, name, env)))
 
 
 def pods_of(base: Sequence[str], flavor: str, name: str, env: Mapping[str, str]) -> list[PodState]:
@@ -304,95 +384,157 @@ def pods_of(base: Sequence[str], flavor: str, name: str, env: Mapping[str, str])
 
 def stop(options: KubernetesOptions, env: Mapping[str, str]) -> str:
     """Delete the object (its controller deletes the Jobs and pods it owns), then the launcher's
-    ConfigMap (none with ``kubernetes.launcher: image``: not an error)."""
+    ConfigMap (none with ``kubernetes.launcher: image``: not an error). kubectl delete says only
+    that the object is not found, also when its namespace is missing: then ``get`` names which."""
     flavor, name = target(options)
     base = base_argv(options)
-    deleted = run_kubectl([*base, "delete", RESOURCES[flavor], name, "--wait=false"], env).strip()
+    try:
+        deleted = run_kubectl([*base, "delete", RESOURCES[flavor], name, "--wait=false"], env).strip()
+    except KubectlError as exc:
+        if not exc.not_found:
+            raise
+        get_object(options, flavor, name, env)  # raises naming the namespace, the CRD or the object
+        raise
     also = run_kubectl([*base, "delete", f"configmap/{configmap_name(name)}", "--ignore-not-found", "--wait=false"],
                        env).strip()
-    return "\n".join(line for line in (deleted, also) if line)
+    return "\n".join(escape_controls(line) for line in (deleted, also) if line)
 
 
 def parse_json(text: str) -> dict[str, Any]:
+    """kubectl's ``-o json`` output: an object, or one line (kubectl's output is untrusted
+    input: a proxy's HTML page, a nesting deeper than the parser's stack)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise KubectlError(f"kubectl printed no JSON ({exc.msg} at {exc.pos})") from None
+    except RecursionError:
+        raise KubectlError("kubectl printed JSON nested too deeply to read") from None
     if not isinstance(value, dict):
         raise KubectlError("kubectl printed JSON that is not an object")
     return value
 
 
+def mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """``value`` when it is an object, ``{}`` when absent; another shape is one line naming ``what``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise KubectlError(f"kubectl printed {what} as {type(value).__name__}, not an object")
+    return value
+
+
+def items(value: Any, what: str) -> list[Any]:
+    """``value`` when it is a list, ``[]`` when absent; another shape is one line naming ``what``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise KubectlError(f"kubectl printed {what} as {type(value).__name__}, not a list")
+    return value
+
+
+def text(value: Any, default: str = "") -> str:
+    """A scalar of kubectl's JSON shown on one line (a string, a number), at most 200 characters."""
+    if value is None:
+        return default
+    if isinstance(value, (dict, list)):
+        return "?"
+    return escape_controls(str(value))[:200]
+
+
 def object_phase(obj: Mapping[str, Any]) -> str:
     """The latest condition that holds (Complete, Failed, Suspended...), with its reason; a
     JobSet's restart count; 'Pending' before the controller wrote any."""
-    status = obj.get("status") or {}
-    held = [c for c in status.get("conditions") or () if isinstance(c, dict) and c.get("status") == "True"]
+    status = mapping(obj.get("status"), "the object's status")
+    held = [c for c in items(status.get("conditions"), "status.conditions")
+            if isinstance(c, dict) and c.get("status") == "True"]
     phase = "Pending"
     if held:
         last = held[-1]
-        phase = str(last.get("type"))
+        phase = text(last.get("type"), "?")
         if last.get("reason"):
-            phase += f" ({last['reason']})"
+            phase += f" ({text(last['reason'])})"
     if status.get("restarts"):
-        phase += f", restarts {status['restarts']}"
-    return escape_controls(phase)
+        phase += f", restarts {text(status['restarts'])}"
+    return phase
+
+
+def index(raw: Any) -> int | None:
+    """A completion or replica index as kubectl prints it (a string of digits), else None."""
+    return int(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) <= 9 else None
 
 
 def pod_rank(pod: Mapping[str, Any]) -> int | None:
     """The node rank: a JobSet pod's completion index; a PyTorchJob pod's replica index (+1 for workers)."""
-    meta = pod.get("metadata") or {}
-    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    meta = mapping(pod.get("metadata"), "a pod's metadata")
+    labels = mapping(meta.get("labels"), "a pod's labels")
+    notes = mapping(meta.get("annotations"), "a pod's annotations")
     raw = notes.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)
     if raw is None and "training.kubeflow.org/replica-index" in labels:
-        raw = labels["training.kubeflow.org/replica-index"]
+        rank = index(labels["training.kubeflow.org/replica-index"])
         offset = 1 if labels.get("training.kubeflow.org/replica-type") == "worker" else 0
-        return int(raw) + offset if str(raw).isdigit() else None
-    return int(raw) if raw is not None and str(raw).isdigit() else None
+        return None if rank is None else rank + offset
+    return index(raw)
 
 
 def container_state(pod: Mapping[str, Any]) -> str:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or ()
+    statuses = items(mapping(pod.get("status"), "a pod's status").get("containerStatuses"),
+                     "a pod's containerStatuses")
     if not statuses:
         return "no container yet"
-    state = statuses[0].get("state") or {}
+    state = mapping(mapping(statuses[0], "a container status").get("state"), "a container state")
     if "running" in state:
         return "running"
     if "terminated" in state:
-        end = state["terminated"]
-        return f"terminated: exit {end.get('exitCode')} ({end.get('reason', '')})"
+        end = mapping(state["terminated"], "a terminated state")
+        return f"terminated: exit {text(end.get('exitCode'), 'None')} ({text(end.get('reason'))})"
     if "waiting" in state:
-        return f"waiting: {state['waiting'].get('reason', '')}"
+        return f"waiting: {text(mapping(state['waiting'], 'a waiting state').get('reason'))}"
     return "unknown"
 
 
 def pod_states(pods: Mapping[str, Any]) -> list[PodState]:
     out = []
-    for pod in pods.get("items") or ():
-        name = str((pod.get("metadata") or {}).get("name", "?"))
-        phase = str((pod.get("status") or {}).get("phase", "Unknown"))
-        out.append(PodState(escape_controls(name), pod_rank(pod), escape_controls(phase),
-                            escape_controls(container_state(pod))))
+    for pod in items(pods.get("items"), "the pod list's items"):
+        pod = mapping(pod, "a pod")
+        name = mapping(pod.get("metadata"), "a pod's metadata").get("name")
+        if not isinstance(name, str) or k8s_names.subdomain_problem(name):
+            # ``kubectl logs -f NAME`` takes it as an argument: '--help' must not become a flag.
+            raise KubectlError(f"kubectl printed a pod whose name is not a Kubernetes name: {shown(name)}")
+        phase = text(mapping(pod.get("status"), "a pod's status").get("phase"), "Unknown")
+        out.append(PodState(name, pod_rank(pod), phase, container_state(pod)))
     return out
 
 
 def logs(options: KubernetesOptions, env: Mapping[str, str], out: IO[str] = sys.stdout) -> int:
-    """Follow every pod's log, each line prefixed ``[node R]``; returns when all streams end."""
+    """Follow every pod's log, each line prefixed ``[node R]``; returns when all streams end.
+    The object is read first: in a missing namespace, or without the CRD, kubectl lists no pods
+    and says nothing, which would read as 'not started yet'. A log line that is not UTF-8 (a
+    Latin-1 byte in a training log) is shown with that byte escaped, and the stream goes on."""
     flavor, name = target(options)
     base = base_argv(options)
+    get_object(options, flavor, name, env)
     states = pods_of(base, flavor, name, env)
     if not states:
         selector = f"{POD_SELECTORS[flavor]}={name}"
         raise KubectlError(f"no pods of {flavor} {name} yet ({shlex.join([*base, 'get', 'pods', '-l', selector])})")
     lock = threading.Lock()
-    procs = [(s, subprocess.Popen([*base, "logs", "-f", s.name], stdout=subprocess.PIPE, text=True, env=dict(env)))
-             for s in states]
+    procs = []
+    for state in states:
+        try:
+            procs.append((state, subprocess.Popen([*base, "logs", "-f", state.name], stdout=subprocess.PIPE,
+                                                  env=dict(env))))
+        except OSError as exc:
+            for _, proc in procs:
+                proc.kill()
+                proc.wait()
+            raise unrunnable(base[0], env, exc) from None
 
-    def pump(state: PodState, stream: IO[str]) -> None:
+    def pump(state: PodState, stream: IO[bytes]) -> None:
         prefix = f"[node {'?' if state.rank is None else state.rank}] "
         for line in stream:
+            shown_line = line.decode("utf-8", "backslashreplace")
             with lock:
-                out.write(prefix + line)
+                out.write(prefix + shown_line)
                 out.flush()
 
     threads = [threading.Thread(target=pump, args=(s, p.stdout), daemon=True) for s, p in procs if p.stdout]
