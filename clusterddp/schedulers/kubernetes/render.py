@@ -110,7 +110,10 @@ def render_documents(job: JobSpec, job_path: str, flavor: str | None = None) -> 
 class _PlainDumper(yaml.SafeDumper):
     """SafeDumper without anchors: a part used twice (the PyTorchJob pod template) is written
     out twice, as a reader of the manifest expects, not as ``&id001`` / ``*id001``. A
-    ConfigMap's multi-line text (the job file) is a literal block, readable as the file was."""
+    ConfigMap's multi-line text (the job file) is a literal block, readable as the file was.
+    Every other string is plain only where ``quoting.yaml_plain`` says every reader takes it
+    for a string, else double-quoted: SafeDumper asks only its own YAML 1.1 resolver, so a
+    label ``0o17`` or ``1e3`` went out plain and kubectl read a number."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
@@ -118,7 +121,7 @@ class _PlainDumper(yaml.SafeDumper):
     def represent_str(self, data: str) -> yaml.ScalarNode:
         if "\n" in data:
             return self.represent_scalar("tag:yaml.org,2002:str", data, style="|")
-        return super().represent_str(data)
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style=None if q.yaml_plain(data) else '"')
 
 
 _PlainDumper.add_representer(str, _PlainDumper.represent_str)
