@@ -208,3 +208,23 @@ def test_kubectl_reads_the_same_strings(flavor: str, tmp_path: Path) -> None:
         if meta["name"] == "job":
             assert meta["annotations"] == dict(job.kubernetes.annotations)
             assert meta["labels"] == {**job.kubernetes.labels, "cddp-check": "1"}
+
+
+@pytest.mark.parametrize("lines,flavor,line,message", [
+    (["backend: nccl"], "jobset", 2, "kubernetes.gpus: is 0 but the backend is nccl"),
+    (["nproc_per_node: gpu"], "trainjob", 2, "kubernetes.gpus: is 0 but the nproc_per_node is 'gpu'"),
+    (["backend: nccl", "kubernetes:", "  gpus: 0"], "jobset", 4, "kubernetes.gpus: is 0 but the backend is nccl"),
+    (["nproc_per_node: 4", "backend: nccl", "kubernetes:", "  gpus: 2"], "pytorchjob", 5,
+     "kubernetes.gpus: 2 GPUs per node for nproc_per_node 4: one GPU per worker"),
+    (["restarts: 3000000000"], "jobset", 2, "restarts: must be an integer in 0..2147483647, got 3000000000"),
+])
+def test_render_time_refusals_name_the_line(lines: list[str], flavor: str, line: int, message: str) -> None:
+    """The checks only a render makes (GPUs against the backend and the workers, JobSet's restart
+    range) name file:line: the key's own line, else the line of the key it contradicts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(SCRIPT + "\n".join(lines) + "\ncontainer: {image: img}\n", encoding="utf-8")
+        job = load_job(path)
+        with pytest.raises(JobSpecError) as info:
+            render_manifest(job, "jobs/job.yaml", flavor)
+    assert str(info.value).startswith(f"{path}:{line}: {message}"), str(info.value)

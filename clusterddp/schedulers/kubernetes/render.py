@@ -71,7 +71,10 @@ def render_objects(job: JobSpec, job_path: str, flavor: str | None = None) -> li
     obj, where = _object(job, job_path, flavor)
     if job.kubernetes.launcher == "image":
         return [obj]
-    return [launcher.configmap(job, obj["metadata"]["name"], obj["metadata"], where), obj]
+    try:
+        return [launcher.configmap(job, obj["metadata"]["name"], obj["metadata"], where), obj]
+    except JobSpecError as exc:
+        raise job.placed(exc) from None
 
 
 def _object(job: JobSpec, job_path: str, flavor: str | None) -> tuple[dict[str, Any], str]:
@@ -80,10 +83,13 @@ def _object(job: JobSpec, job_path: str, flavor: str | None) -> tuple[dict[str, 
     flavor = flavor or job.kubernetes.flavor
     if flavor not in FLAVORS:
         raise q.fail(where, "kubernetes.flavor", f"unknown flavor {shown(flavor)}; known: {', '.join(FLAVORS)}")
-    name = object_name(job, where, flavor)
-    pod = PodParts(job, job_path, where, name, flavor)
-    builder = {"trainjob": _trainjob, "jobset": _jobset, "pytorchjob": _pytorchjob}[flavor]
-    return builder(job, pod, name, where), where
+    try:
+        name = object_name(job, where, flavor)
+        pod = PodParts(job, job_path, where, name, flavor)
+        builder = {"trainjob": _trainjob, "jobset": _jobset, "pytorchjob": _pytorchjob}[flavor]
+        return builder(job, pod, name, where), where
+    except JobSpecError as exc:  # a check made here names the key; the job knows its line
+        raise job.placed(exc) from None
 
 
 def render_kubernetes(job: JobSpec, job_path: str, flavor: str | None = None) -> str:
@@ -242,12 +248,16 @@ def resources(job: JobSpec, where: str) -> dict[str, Any]:
     gpus = spec.gpus
     q.integer(gpus, where, "kubernetes.gpus")
     nproc = job.nproc_per_node
+    # The line: kubernetes.gpus where the file sets it, else the key it contradicts.
     if gpus == 0 and (job.backend == "nccl" or nproc == "gpu"):
+        cause = "backend" if job.backend == "nccl" else "nproc_per_node"
         why = "backend is nccl" if job.backend == "nccl" else "nproc_per_node is 'gpu'"
-        raise q.fail(where, "kubernetes.gpus", f"is 0 but the {why}", "set kubernetes.gpus to the GPUs per node")
+        raise JobSpecError(where, job.key_lines.get("kubernetes.gpus") or job.line_of(cause), "kubernetes.gpus",
+                           f"is 0 but the {why}", "set kubernetes.gpus to the GPUs per node")
     if gpus > 0 and isinstance(nproc, int) and nproc > gpus and job.backend != "gloo":
-        raise q.fail(where, "kubernetes.gpus", f"{gpus} GPUs per node for nproc_per_node {nproc}: one GPU per worker",
-                     f"set kubernetes.gpus to {nproc}, or nproc_per_node to {gpus}")
+        raise JobSpecError(where, job.key_lines.get("kubernetes.gpus") or job.line_of("nproc_per_node"),
+                           "kubernetes.gpus", f"{gpus} GPUs per node for nproc_per_node {nproc}: one GPU per worker",
+                           f"set kubernetes.gpus to {nproc}, or nproc_per_node to {gpus}")
     sized = {key: value for key, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
     limits: dict[str, Any] = dict(sized)
     if gpus:
