@@ -415,3 +415,15 @@ def test_launcher_image_renders_one_object() -> None:
     (obj,) = render_objects(job, path, "trainjob")
     assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path]
     assert "clusterddp" not in str(obj.get("spec", {}).get("runtimePatches", ""))
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_launcher_logs_go_to_an_empty_dir_unless_the_job_sets_logs_dir(flavor: str, tmp_path: Path) -> None:
+    """Without logs.dir the pod's launcher writes its logs and run files in an emptyDir
+    (--log-dir /var/log/clusterddp): the working directory may be read-only. A logs.dir the job
+    file sets is kept, and no emptyDir is added."""
+    job, path = fixture("minimal")
+    for objects, wanted in ((render_objects(job, path, flavor), True),
+                            (render_objects(replace(job, key_lines={"logs.dir": 3}), path, flavor), False)):
+        text = yaml.safe_dump(objects[-1])
+        assert ("--log-dir" in text and "clusterddp-logs" in text and "emptyDir: {}" in text) == wanted, text

@@ -33,7 +33,7 @@ from clusterddp.schedulers.kubernetes import launcher
 from clusterddp.schedulers import quoting as q
 from clusterddp.sections import k8s_names
 from clusterddp.sections.kubernetes import FLAVORS, QUEUE_LABEL
-from clusterddp.spec import JobSpec
+from clusterddp.spec import JobSpec, LogsSpec
 from clusterddp.validate import shown
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
@@ -58,6 +58,12 @@ POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 #: ``runtimePatches[].manager`` of the patch this renderer writes.
 PATCH_MANAGER = "clusterddp"
 SHM_VOLUME = "dshm"
+#: The launcher's writable directory in every pod, for its logs and run files (``logs.dir``):
+#: an emptyDir, as the image's working directory is often read-only (``readOnlyRootFilesystem``,
+#: a root-owned WORKDIR) and the launcher refuses a log directory it cannot write. Used when the
+#: job file sets no ``logs.dir`` of its own (one it sets is where the user wants the logs).
+LOGS_VOLUME = "clusterddp-logs"
+LOGS_PATH = "/var/log/clusterddp"
 
 
 def render_manifest(job: JobSpec, job_path: str, flavor: str | None = None) -> dict[str, Any]:
@@ -173,6 +179,10 @@ class PodParts:
             self.command = launcher.pod_command(job_path, where)
             self.volumes.append(launcher.volume(name, job_path, where))
             self.mounts.append(launcher.volume_mount())
+        if job.logs.dir == LogsSpec().dir and "logs.dir" not in job.key_lines:
+            self.command += ["--log-dir", LOGS_PATH]
+            self.volumes.append({"name": LOGS_VOLUME, "emptyDir": {}})
+            self.mounts.append({"name": LOGS_VOLUME, "mountPath": LOGS_PATH})
 
     def pod_settings(self, job: JobSpec, priority: bool = True) -> dict[str, Any]:
         """serviceAccountName, nodeSelector, tolerations, imagePullSecrets, volumes (set ones only)."""
