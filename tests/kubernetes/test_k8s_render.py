@@ -243,10 +243,12 @@ def test_trainjob_pod_settings_go_through_runtime_patches() -> None:
     pod = patch["template"]["spec"]["template"]["spec"]
     assert patch["name"] == "node" and pod["serviceAccountName"] == "trainer"
     assert pod["containers"] == [{"name": "node", "volumeMounts": [
-        {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "clusterddp", "mountPath": "/etc/clusterddp", "readOnly": True}]}]
+        {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "clusterddp", "mountPath": "/etc/clusterddp", "readOnly": True},
+        {"name": "clusterddp-logs", "mountPath": "/var/log/clusterddp"}]}]
     assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
                               {"name": "clusterddp", "configMap": {"name": "resnet-ddp-clusterddp", "items": [
-                                  {"key": "job.yaml", "path": "full.yaml"}, {"key": "clusterddp.pyz", "path": "clusterddp.pyz"}]}}]
+                                  {"key": "job.yaml", "path": "full.yaml"}, {"key": "clusterddp.pyz", "path": "clusterddp.pyz"}]}},
+                              {"name": "clusterddp-logs", "emptyDir": {}}]
     assert pod["tolerations"][1] == {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
                                      "tolerationSeconds": 300}
     assert obj["spec"]["trainer"]["resourcesPerNode"]["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4"}
@@ -409,12 +411,14 @@ def test_configmap_over_one_mib_refused(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_launcher_image_renders_one_object() -> None:
-    """kubernetes.launcher: image: no ConfigMap, the image's own 'clusterddp run JOB_PATH', no volume of ours."""
+    """kubernetes.launcher: image: no ConfigMap, the image's own 'clusterddp run JOB_PATH', no volume of ours
+    but the launcher's logs emptyDir."""
     job, path = fixture("minimal")
     job = replace(job, kubernetes=replace(job.kubernetes, launcher="image"))
     (obj,) = render_objects(job, path, "trainjob")
-    assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path]
-    assert "clusterddp" not in str(obj.get("spec", {}).get("runtimePatches", ""))
+    assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path, "--log-dir", "/var/log/clusterddp"]
+    patched = obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert patched["template"]["spec"]["template"]["spec"]["volumes"] == [{"name": "clusterddp-logs", "emptyDir": {}}]
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
