@@ -122,3 +122,13 @@ def passthrough_env(names: Iterable[str], environ: Mapping[str, str], where: str
         values[name] = environ[name]
         register(environ[name])
     return values
+
+
+def register_present(names: Iterable[str], environ: Mapping[str, str]) -> None:
+    """Register the values of those ``env_passthrough`` names that ``environ`` holds. Where the
+    pods take the values from elsewhere (a Kubernetes Secret), one unset here is no error; one
+    set here is still the secret, and the platform's CLI may echo it."""
+    for name in names:
+        value = environ.get(name)
+        if isinstance(value, str):
+            register(value)

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 #: name -> ``"module:Class"`` (imported on first use) or the class itself.
 SCHEDULERS: dict[str, str | type[Scheduler[Any]]] = {
     "slurm": "clusterddp.schedulers.slurm:SlurmScheduler",
-    "openpai": "clusterddp.schedulers.openpai:OpenPAIScheduler",
-    "k8s": "clusterddp.schedulers.kubernetes:KubernetesScheduler",
+    "openpai": "clusterddp.schedulers.openpai.scheduler:OpenPAIScheduler",
+    "k8s": "clusterddp.schedulers.kubernetes.scheduler:KubernetesScheduler",
 }
 
 

@@ -20,15 +20,19 @@ import re
 import shlex
 from typing import Mapping
 
-import yaml
 
 from clusterddp.errors import JobSpecError
 from clusterddp.spec import JobSpec
 from clusterddp.validate import (ECHO_CHARS, MAX_VALUE_CHARS, control_problem, env_name_problem, is_control, one_line_problem,
                                  parse_node_range, shown, text_problem, token_problem)
 
-#: YAML strings that may stay unquoted: no indicator, no ': ', no '#', no ',' (flow maps).
+#: YAML strings that may stay unquoted: no indicator, no ': ', no '#', no ',' (flow maps); the
+#: first character is no digit, sign or '.', so no reader takes it for a number or ``.inf``.
 YAML_PLAIN = re.compile(r"[A-Za-z_/](?:[A-Za-z0-9_ ./=+@-]*[A-Za-z0-9_./=+@-])?")
+#: Words that start with a letter and are not strings in some reader, in any case: YAML 1.1's
+#: booleans (go-yaml v2, which kubectl reads manifests with, takes ``y`` and ``n`` too; PyYAML
+#: does not) and nulls, and YAML 1.2 core's (``true``, ``null``: a subset).
+YAML_WORDS = frozenset({"y", "yes", "n", "no", "true", "false", "on", "off", "null"})
 #: Characters a double-quoted YAML scalar must escape beyond '"' and '\'.
 YAML_LINE_BREAKS = {"\u0085", "\u2028", "\u2029", "\ufeff"}
 #: Directive values written bare: nothing sbatch's parser or getopt would read differently.
@@ -170,9 +174,18 @@ def option_name(directive: str) -> str:
     return directive.split("=", 1)[0].split(" ", 1)[0]
 
 
+def yaml_plain(value: str) -> bool:
+    """Whether ``value`` may be written as a plain YAML scalar: it reads back as the same string
+    in YAML 1.1 readers (PyYAML, go-yaml v2) and YAML 1.2 ones alike. ``0o17``, ``1e3`` and a
+    commit hash like ``12345e6`` are strings to PyYAML but numbers to YAML 1.2 and to kubectl;
+    ``y`` is a string to PyYAML but a boolean to kubectl: each must be quoted. Every YAML
+    writer of the renderers asks this one question."""
+    return YAML_PLAIN.fullmatch(value) is not None and value.lower() not in YAML_WORDS
+
+
 def yaml_scalar(value: str) -> str:
     """``value`` as a YAML scalar that reads back as the same string in YAML 1.1 and 1.2."""
-    if YAML_PLAIN.fullmatch(value) and yaml.safe_load(value) == value:
+    if yaml_plain(value):
         return value
     out = ['"']
     for char in value:

@@ -47,6 +47,8 @@ def test_archive_holds_sources_pure_yaml_and_its_license(pyz: Path) -> None:
     assert "__main__.py" in names and "clusterddp/cli.py" in names and "clusterddp/train/__init__.py" in names
     assert "clusterddp/templates/slurm.sbatch" in names and "yaml/__init__.py" in names
     assert "licenses/PyYAML.txt" in names
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "clusterddp").rglob("*.py")}
+    assert modules <= set(names), sorted(modules - set(names))  # subpackages too (schedulers/kubernetes/)
     assert not [n for n in names if n.endswith((".so", ".pyc"))]
     assert pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n") and os.access(pyz, os.X_OK)
 

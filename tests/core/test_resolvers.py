@@ -60,7 +60,7 @@ def test_wants_fanout() -> None:
 def test_cli_parses_scheduler_flags_into_options() -> None:
     """'submit openpai JOB --url U --dry-run' and 'render slurm JOB -o F' become typed options."""
     from clusterddp.cli import scheduler_options
-    from clusterddp.schedulers.openpai import OpenPAIOptions
+    from clusterddp.schedulers.openpai.scheduler import OpenPAIOptions
     from clusterddp.schedulers.slurm import SlurmOptions
 
     assert scheduler_options("submit", "openpai", ["j.yaml", "--url", "https://pai", "--dry-run"]) == OpenPAIOptions(

@@ -152,7 +152,7 @@ def test_the_rendered_request_prints_exactly_what_render_prints(
 
 def test_no_scheduler_module_imports_argparse_and_cli_names_no_scheduler() -> None:
     """Schedulers declare flags as data (DESIGN: nothing below cli sees argparse); cli.py has no scheduler name."""
-    for path in sorted((REPO / "clusterddp" / "schedulers").glob("*.py")):
+    for path in sorted((REPO / "clusterddp" / "schedulers").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -5,6 +5,10 @@ structure (issue 20: the hostile suite grows with the new fields)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 import yaml
 
 from clusterddp.errors import JobSpecError
-from clusterddp.schedulers.kubernetes_render import render_manifest
+from clusterddp.schedulers.kubernetes.render import render_manifest
 from clusterddp.sections.kubernetes import FLAVORS
 from clusterddp.spec import load_job
 from tests.conftest import REPO
@@ -113,7 +117,7 @@ def test_free_text_cannot_change_structure(flavor: str) -> None:
     """Annotation values, the job path and the job file's text (in the launcher's ConfigMap),
     the only free text rendered, read back as the same two objects: no value adds a document,
     a key or a kind."""
-    from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_objects
+    from clusterddp.schedulers.kubernetes.render import render_kubernetes, render_objects
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
         section = {"annotations": {"a": INJECTION, "b": "---\napiVersion: v1\nkind: Secret"}}
@@ -136,3 +140,91 @@ def test_job_path_with_a_newline_refused() -> None:
         job = load_job(path)
     with pytest.raises(JobSpecError, match="job file path: contains the control character"):
         render_manifest(job, "jobs/a\nkind: Pod.yaml", "jobset")
+
+
+#: Strings that YAML readers type differently when written plain: numbers in YAML 1.2 (and to
+#: kubectl) but strings to PyYAML (``0o17``, ``1e3``, a commit hash ``12345e6``), booleans to
+#: kubectl's go-yaml but strings to PyYAML (``y``, ``n``), and words every reader types. As
+#: label, nodeSelector and annotation values, and as annotation keys where a key may be one.
+READER_TYPED = ["0o17", "1e3", "12345e6", "0x1F", "1_000", "012", "2001-12-14", "y", "N", "yes", "Off", "null",
+                "true", "FALSE"]
+ANNOTATION_ONLY = ["~", ".inf", "-.Inf", ".NaN", "1:20", "+1", "-1", "=", "<<", ""]
+#: YAML 1.2 core schema (spec 10.3.2) and go-yaml v2's resolve table: a plain scalar matching
+#: one of these is not a string to some reader.
+NOT_A_STRING = re.compile(r"null|Null|NULL|~|true|True|TRUE|false|False|FALSE|y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON"
+                          r"|off|Off|OFF|[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+|0b[01_]+"
+                          r"|[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)"
+                          r"|\.(nan|NaN|NAN)|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?|\d{4}-\d\d?-\d\d?.*|<<|=|")
+
+
+def _reader_typed_job(tmp: Path) -> Path:
+    labels = {f"l{i}": value for i, value in enumerate(READER_TYPED)}
+    notes = {**{f"a{i}": v for i, v in enumerate(READER_TYPED + ANNOTATION_ONLY)}, "y": "key", "null": "key"}
+    section = {"labels": labels, "annotations": notes, "node_selector": {"n": "1e3", "m": "y"}}
+    path = tmp / "job.yaml"
+    path.write_text(SCRIPT + "name: job\ncontainer: {image: img}\nkubernetes: " + json.dumps(section) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def _plain_scalars(node: yaml.Node) -> list[str]:
+    if isinstance(node, yaml.ScalarNode):
+        return [node.value] if node.style is None and node.tag == "tag:yaml.org,2002:str" else []
+    children = node.value if isinstance(node, yaml.SequenceNode) else [v for kv in node.value for v in kv]
+    return [value for child in children for value in _plain_scalars(child)]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_strings_stay_strings_for_every_yaml_reader(flavor: str) -> None:
+    """Label, nodeSelector and annotation values (and keys) that YAML 1.1, YAML 1.2 and go-yaml type
+    differently read back as the same strings: no string of the manifest is written plain where
+    any of those readers would take it for a number, a boolean or a null."""
+    from clusterddp.schedulers.kubernetes.render import render_kubernetes
+    with tempfile.TemporaryDirectory() as tmp:
+        job = load_job(_reader_typed_job(Path(tmp)))
+        text = render_kubernetes(job, "jobs/job.yaml", flavor)
+    plain = [value for doc in yaml.compose_all(text) for value in _plain_scalars(doc)]
+    assert plain and [value for value in plain if NOT_A_STRING.fullmatch(value)] == []
+    obj = list(yaml.safe_load_all(text))[-1]
+    assert obj["metadata"]["labels"] == dict(job.kubernetes.labels)
+    assert obj["metadata"]["annotations"] == dict(job.kubernetes.annotations)
+    assert f'"{READER_TYPED[0]}"' in text and '"y": key' in text
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on PATH")
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_kubectl_reads_the_same_strings(flavor: str, tmp_path: Path) -> None:
+    """The real kubectl client, offline (``label --local``: its own YAML reader, no server), reads
+    every rendered document, the reader-typed labels and annotations as the same strings."""
+    from clusterddp.schedulers.kubernetes.render import render_documents
+    job = load_job(_reader_typed_job(tmp_path))
+    _, documents = render_documents(job, "jobs/job.yaml", flavor)
+    for _, document in documents:
+        done = subprocess.run(["kubectl", "label", "--local", "-f", "-", "cddp-check=1", "-o", "json"],
+                              input=document, capture_output=True, text=True, timeout=60,
+                              env={"PATH": os.environ["PATH"], "KUBECONFIG": os.devnull, "HOME": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        meta = json.loads(done.stdout)["metadata"]
+        if meta["name"] == "job":
+            assert meta["annotations"] == dict(job.kubernetes.annotations)
+            assert meta["labels"] == {**job.kubernetes.labels, "cddp-check": "1"}
+
+
+@pytest.mark.parametrize("lines,flavor,line,message", [
+    (["backend: nccl"], "jobset", 2, "kubernetes.gpus: is 0 but the backend is nccl"),
+    (["nproc_per_node: gpu"], "trainjob", 2, "kubernetes.gpus: is 0 but the nproc_per_node is 'gpu'"),
+    (["backend: nccl", "kubernetes:", "  gpus: 0"], "jobset", 4, "kubernetes.gpus: is 0 but the backend is nccl"),
+    (["nproc_per_node: 4", "backend: nccl", "kubernetes:", "  gpus: 2"], "pytorchjob", 5,
+     "kubernetes.gpus: 2 GPUs per node for nproc_per_node 4: one GPU per worker"),
+    (["restarts: 3000000000"], "jobset", 2, "restarts: must be an integer in 0..2147483647, got 3000000000"),
+])
+def test_render_time_refusals_name_the_line(lines: list[str], flavor: str, line: int, message: str) -> None:
+    """The checks only a render makes (GPUs against the backend and the workers, JobSet's restart
+    range) name file:line: the key's own line, else the line of the key it contradicts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(SCRIPT + "\n".join(lines) + "\ncontainer: {image: img}\n", encoding="utf-8")
+        job = load_job(path)
+        with pytest.raises(JobSpecError) as info:
+            render_manifest(job, "jobs/job.yaml", flavor)
+    assert str(info.value).startswith(f"{path}:{line}: {message}"), str(info.value)

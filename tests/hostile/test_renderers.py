@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterddp.errors import JobSpecError
-from clusterddp.schedulers.openpai_render import render_openpai
+from clusterddp.schedulers.openpai.render import render_openpai
 from clusterddp.schedulers.slurm import default_output, render_sbatch
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec

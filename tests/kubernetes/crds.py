@@ -17,11 +17,17 @@ import yaml
 
 from tests.conftest import REPO
 
+#: Kind -> its CRD, every one a test cluster needs: the three flavors, and ClusterTrainingRuntime,
+#: the kind of the stock ``torch-distributed`` runtime (RUNTIME) a TrainJob names.
 CRD_FILES = {
     "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+    "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml",
     "JobSet": "jobset.x-k8s.io_jobsets.yaml",
     "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
 }
+
+#: The stock runtime a rendered TrainJob names (kubernetes.runtime's default).
+RUNTIME = "torch_distributed.yaml"
 
 
 def crd_dir() -> Path | None:
@@ -46,6 +52,11 @@ def crd(kind: str) -> dict[str, Any]:
     if kind not in _CACHE:
         _CACHE[kind] = yaml.safe_load((require_crds() / CRD_FILES[kind]).read_text(encoding="utf-8"))
     return _CACHE[kind]
+
+
+def crd_name(kind: str) -> str:
+    """The CRD's own name (``trainjobs.trainer.kubeflow.org``), as ``kubectl wait crd/NAME`` takes it."""
+    return str(crd(kind)["metadata"]["name"])
 
 
 def served_schema(kind: str, api_version: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """A stand-in for kubectl talking to an API server (none can be installed here): it records
-its argv and stdin, and answers with kubectl's documented output for the scenario named in
-FAKE_KUBECTL_SCENARIO. Installed as ``kubectl`` on PATH by the tests."""
+its argv and stdin, and answers with kubectl's output for the scenario named in
+FAKE_KUBECTL_SCENARIO: kubectl v1.32.4's own words as recorded against a real API server
+(shared/testbeds/kubernetes/README.md), byte for byte. Installed as ``kubectl`` on PATH by the tests."""
 
 import json
 import os
@@ -8,8 +9,24 @@ import re
 import sys
 
 SCENARIO = os.environ.get("FAKE_KUBECTL_SCENARIO", "ok")
+#: kubectl create's openapi download, which comes first, failing (submit against a dead port,
+#: a wrong CA, a bad token).
+OPENAPI = ('error: error validating "STDIN": error validating data: failed to download openapi: {0}; if you choose '
+           'to ignore these errors, turn validation off with --validate=false')
+KLOG = ('E1125 21:09:15.597355   19314 memcache.go:265] "Unhandled Error" err="couldn\'t get current server API '
+        'group list: the server has asked for the client to provide credentials"')
 STDERR = {
     "unreachable": "The connection to the server localhost:8080 was refused - did you specify the right host or port?",
+    "refused": "The connection to the server 127.0.0.1:6449 was refused - did you specify the right host or port?",
+    "x509": "Unable to connect to the server: tls: failed to verify certificate: x509: certificate signed by unknown "
+            "authority",
+    "unauthorized": "\n".join([KLOG] * 5 + ["error: You must be logged in to the server (the server has asked for "
+                                            "the client to provide credentials)"]),
+    "openapi-refused": OPENAPI.format('Get "https://127.0.0.1:6449/openapi/v2?timeout=32s": dial tcp 127.0.0.1:6449: '
+                                      'connect: connection refused'),
+    "openapi-x509": OPENAPI.format('Get "https://127.0.0.1:6443/openapi/v2?timeout=32s": tls: failed to verify '
+                                   'certificate: x509: certificate signed by unknown authority'),
+    "openapi-unauthorized": OPENAPI.format("the server has asked for the client to provide credentials"),
     "forbidden": 'Error from server (Forbidden): error when creating "STDIN": trainjobs.trainer.kubeflow.org is '
                  'forbidden: User "alice" cannot create resource "trainjobs" in API group "trainer.kubeflow.org" '
                  'in the namespace "prod"',
@@ -17,13 +34,36 @@ STDERR = {
               '"cifar10" already exists',
     "nocrd": 'error: resource mapping not found for name: "cifar10" namespace: "" from "STDIN": no matches for '
              'kind "TrainJob" in version "trainer.kubeflow.org/v1alpha1"\nensure CRDs are installed first',
-    "nocrd-get": 'error: the server doesn\'t have a resource type "trainjobs"',
-    "nonamespace": 'Error from server (NotFound): error when creating "STDIN": namespaces "nope" not found',
+    # The CRD removed while kubectl's discovery cache (~/.kube/cache) still lists it.
+    "stale-cache": 'Error from server (NotFound): error when creating "STDIN": the server could not find the '
+                   'requested resource (post jobsets.jobset.x-k8s.io)',
+    "echo-secret": 'The TrainJob "cifar10" is invalid: metadata.annotations: Invalid value: "{secret}": must be no '
+                   'more than 63 characters',
 }
 #: Scenarios that refuse only the create of the job object: its ConfigMap is created first.
-OBJECT_ONLY = {"nocrd-object": "nocrd"}
+OBJECT_ONLY = {"nocrd-object": "nocrd", "stale-cache": "stale-cache", "echo-secret": "echo-secret"}
+#: Scenarios of a cluster that lacks something: (what ``get``/``delete`` of the object say, what
+#: ``get pods`` says). kubectl lists no pods, rc 0, in a missing namespace or without the CRD.
+MISSING = {
+    "nonamespace": 'Error from server (NotFound): namespaces "nope" not found',
+    "nocrd-get": 'error: the server doesn\'t have a resource type "{plural}"',
+    "gone": 'Error from server (NotFound): {resource} "{name}" not found',
+}
+#: ``kubectl delete`` of an object in a missing namespace says only that the object is not found.
+DELETE_MISSING = {"nonamespace": 'Error from server (NotFound): {resource} "{name}" not found'}
 POD = {"metadata": {"name": "cifar10-node-0-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": "{i}"}},
        "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}}
+EMPTY_LIST = {"apiVersion": "v1", "items": [], "kind": "List", "metadata": {"resourceVersion": ""}}
+
+
+def out(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def fail(text: str) -> int:
+    sys.stderr.write(text + "\n")
+    return 1
 
 
 def main() -> int:
@@ -33,29 +73,55 @@ def main() -> int:
         log.write(json.dumps({"argv": argv, "stdin": stdin}) + "\n")
     kind = re.search(r"^kind: (\w+)$", stdin, re.MULTILINE)
     configmap = kind is not None and kind.group(1) == "ConfigMap"
-    if SCENARIO in STDERR or (SCENARIO in OBJECT_ONLY and "create" in argv and not configmap):
-        sys.stderr.write(STDERR[OBJECT_ONLY.get(SCENARIO, SCENARIO)] + "\n")
-        return 1
-    if "create" in argv and configmap:
+    given = argv[argv.index("--namespace") + 1] if "--namespace" in argv else None
+    written = re.search(r"^  namespace: \"?([^\"\n]+)\"?$", stdin, re.MULTILINE)
+    if "create" in argv and given and written and written.group(1) != given:
+        # kubectl v1.32.4, shared/testbeds/kubernetes/README.md (job file namespace vs --namespace)
+        return fail(f'error: the namespace from the provided object "{written.group(1)}" does not match the '
+                    f'namespace "{given}". You must pass \'--namespace={written.group(1)}\' to perform this operation.')
+    if SCENARIO in OBJECT_ONLY:
+        if "create" in argv and not configmap:
+            return fail(STDERR[OBJECT_ONLY[SCENARIO]].replace("{secret}", os.environ.get("WANDB_API_KEY", "")))
+    elif SCENARIO in STDERR:
+        return fail(STDERR[SCENARIO])
+    verb = next((a for a in argv if a in ("create", "get", "delete", "logs")), "")
+    after = argv[argv.index(verb) + 1:] if verb else []
+    if SCENARIO == "nonamespace" and verb == "create":
+        return fail('Error from server (NotFound): error when creating "STDIN": namespaces "nope" not found')
+    if SCENARIO in MISSING and verb in ("get", "delete") and after[0] != "pods" and "/" not in after[0]:
+        words = {"resource": after[0], "plural": after[0].split(".")[0], "name": after[1]}
+        message = DELETE_MISSING.get(SCENARIO, MISSING[SCENARIO]) if verb == "delete" else MISSING[SCENARIO]
+        return fail(message.format(**words))
+    if verb == "create" and configmap:
         name = re.search(r"^  name: (\S+)$", stdin, re.MULTILINE)
         print(f"configmap/{name.group(1) if name else '?'}")
-    elif "create" in argv:
+    elif verb == "create":
         print("trainjob.trainer.kubeflow.org/cifar10")
-    elif "get" in argv and "pods" in argv:
+    elif verb == "get" and SCENARIO == "not-utf8":
+        out(b'{"kind": "TrainJob", "metadata": {"name": "caf\xe9"}}\n')
+    elif verb == "get" and SCENARIO == "deep":
+        out(b"[" * 200000 + b"]" * 200000 + b"\n")
+    elif verb == "get" and after[0] == "pods":
         items = [json.loads(json.dumps(POD).replace("{i}", str(i))) for i in (1, 0)]
-        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    elif "get" in argv:
-        print(json.dumps({"kind": "TrainJob", "metadata": {"name": "cifar10"}, "status": {"conditions": [
+        if SCENARIO == "pod-status-string":
+            items[0]["status"] = "Running"
+        listing = EMPTY_LIST if SCENARIO in MISSING else {"apiVersion": "v1", "kind": "List", "items": items}
+        print(json.dumps(listing))
+    elif verb == "get":
+        status = "Running" if SCENARIO == "status-string" else {"conditions": [
             {"type": "Created", "status": "True", "reason": "JobSetCreated"},
-            {"type": "Complete", "status": "False"}]}}))
-    elif "delete" in argv:
-        named = [a for a in argv[argv.index("delete") + 1:] if "/" in a]  # KIND/NAME, as kubectl prints them
-        for kind, _, name in (a.partition("/") for a in named):
-            print(f'{kind.split(".")[0]} "{name}" deleted')
+            {"type": "Complete", "status": "False"}]}
+        print(json.dumps({"kind": "TrainJob", "metadata": {"name": "cifar10"}, "status": status}))
+    elif verb == "delete":
+        named = [a for a in after if "/" in a]  # KIND/NAME, as kubectl prints them
+        for kind_name, _, name in (a.partition("/") for a in named):
+            print(f'{kind_name.split(".")[0]} "{name}" deleted')
         if not named:
             print('trainjob.trainer.kubeflow.org "cifar10" deleted')
-    elif "logs" in argv:
-        print(f"hello from {argv[-1]}")
+    elif verb == "logs":
+        if SCENARIO == "log-latin1":
+            out(b"epoch 1 caf\xe9 loss 2.1\n")
+        out(f"hello from {argv[-1]}\n".encode())
     return 0
 
 

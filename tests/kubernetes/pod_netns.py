@@ -40,12 +40,16 @@ SUBNET = "10.81.0"
 LOCK_FILE = f"/run/{PREFIX}.lock"
 LEFTOVER_GRACE = 1.0
 #: How a pod's container is started: own hostname, its ConfigMap files ($4) read-only at their
-#: mountPath ($6, over a private overlay of its parent, scratch in $5), the test's hosts file and
-#: nsswitch.conf.
-CONTAINER = ('hostname "$1" || exit 1; if [ -n "$4" ]; then mount -t tmpfs tmpfs "$5" && mkdir "$5/u" "$5/w" '
-             '&& mount -t overlay overlay -o lowerdir="${6%/*}",upperdir="$5/u",workdir="$5/w" "${6%/*}" '
-             '&& mkdir -p "$6" && mount --bind "$4" "$6" && mount -o remount,bind,ro "$6" || exit 1; fi; '
-             'mount --bind "$2" /etc/hosts && mount --bind "$3" /etc/nsswitch.conf && shift 6 && exec "$@"')
+#: mountPath ($6, over a private overlay of its parent, scratch in $5), its emptyDir (a tmpfs)
+#: at $7 (overlay scratch in $8), its working directory read-only when $9 is set (a bind mount:
+#: root ignores permission bits, not a read-only mount), the test's hosts file and nsswitch.conf.
+CONTAINER = ('over() { mount -t tmpfs tmpfs "$1" && mkdir "$1/u" "$1/w" && mount -t overlay overlay '
+             '-o lowerdir="${2%/*}",upperdir="$1/u",workdir="$1/w" "${2%/*}" && mkdir -p "$2"; }; '
+             'hostname "$1" || exit 1; if [ -n "$4" ]; then over "$5" "$6" '
+             '&& mount --bind "$4" "$6" && mount -o remount,bind,ro "$6" || exit 1; fi; '
+             'if [ -n "$7" ]; then over "$8" "$7" && mount -t tmpfs tmpfs "$7" || exit 1; fi; '
+             'if [ -n "$9" ]; then mount --bind "$PWD" "$PWD" && mount -o remount,bind,ro "$PWD" && cd "$PWD" || exit 1; fi; '
+             'mount --bind "$2" /etc/hosts && mount --bind "$3" /etc/nsswitch.conf && shift 9 && exec "$@"')
 #: The image's python3: no clusterddp (checked by image_python_problem), torch from TORCH_SITE.
 IMAGE_PYTHON = getattr(sys, "_base_executable", sys.executable)
 _TORCH = importlib.util.find_spec("torch")
@@ -94,8 +98,10 @@ class PodNetwork:
         self.nsswitch = self.root / "nsswitch.conf"
         self.nsswitch.write_text("hosts: files\n")
 
-    def start(self, pod: Pod, slot: int, cwd: Path = REPO) -> Running:
-        """Run ``pod``'s container command in slot ``slot`` with the pod's env; its DNS line appears now."""
+    def start(self, pod: Pod, slot: int, cwd: Path = REPO, read_only: bool = False) -> Running:
+        """Run ``pod``'s container command in slot ``slot`` with the pod's env (in ``cwd``, read-only
+        with ``read_only``, as an image's root-owned WORKDIR or readOnlyRootFilesystem); its DNS
+        line appears now."""
         name, address = self.slots[slot]
         with self.hosts.open("a") as hosts:  # appended in place: the pods' bind mounts see it
             hosts.write(f"{address} {pod.fqdn} {pod.fqdn}.default.svc.cluster.local {pod.hostname}\n")
@@ -106,7 +112,8 @@ class PodNetwork:
             argv, pythonpath = [IMAGE_PYTHON, *argv[1:]], TORCH_SITE
         log = self.root / f"{pod.name}.log"
         command = ["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount", "sh", "-c", CONTAINER,
-                   pod.name, pod.hostname, str(self.hosts), str(self.nsswitch), *self.volume(pod), *argv]
+                   pod.name, pod.hostname, str(self.hosts), str(self.nsswitch), *self.volume(pod),
+                   *self.empty_dir(pod), "ro" if read_only else "", *argv]
         env = cli_env(**pod.env, PYTHONPATH=pythonpath)
         with log.open("wb") as out:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
@@ -125,6 +132,16 @@ class PodNetwork:
         for file_name, data in files.items():
             (directory / file_name).write_bytes(data)
         return [str(directory), str(scratch), mount_path]
+
+    def empty_dir(self, pod: Pod) -> list[str]:
+        """The pod's one emptyDir volume: (mountPath, overlay scratch), or blanks."""
+        if not pod.empty_dirs:
+            return ["", ""]
+        (mount_path,) = pod.empty_dirs
+        assert mount_path.count("/") >= 2, "the overlay goes on the mount path's parent, which must not be /"
+        scratch = self.root / f"{pod.name}.emptydir"
+        scratch.mkdir()
+        return [mount_path, str(scratch)]
 
     def delete(self, running: Running, grace: float) -> None:
         """Delete the pod as the kubelet does: SIGTERM to the container's main process, SIGKILL to

@@ -19,7 +19,8 @@ Sources (read upstream; the summary is ../shared/reference/kubernetes/README.md)
   ``PET_MASTER_ADDR`` = ``<trainjob>-node-0-0.<trainjob>``, ``PET_MASTER_PORT`` = 29500.
 - The kubelet resolves ``valueFrom.fieldRef`` (downward API) and ``secretKeyRef``, and writes
   a ``configMap`` volume's ``items`` (key -> path; ``data`` as UTF-8, ``binaryData`` decoded) as
-  files under the container's ``volumeMounts[].mountPath``; the container runtime sets ``HOSTNAME``.
+  files under the container's ``volumeMounts[].mountPath``, and an ``emptyDir`` as an empty
+  directory there; the container runtime sets ``HOSTNAME``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Pod:
     env: dict[str, str] = field(default_factory=dict)
     #: ConfigMap volumes as the kubelet writes them: mountPath -> {file name: bytes}.
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    #: The mountPaths of its disk-backed emptyDir volumes: empty, writable, the pod's own.
+    empty_dirs: list[str] = field(default_factory=list)
 
     @property
     def fqdn(self) -> str:
@@ -108,6 +111,14 @@ def configmap_files(pod_spec: Mapping[str, Any], container: Mapping[str, Any],
     return out
 
 
+def empty_dirs(pod_spec: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
+    """The container's mountPaths of emptyDir volumes on disk (``medium: Memory`` is /dev/shm,
+    which the test's pods share with the host)."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    return [mount["mountPath"] for mount in container.get("volumeMounts", [])
+            if "emptyDir" in volumes[mount["name"]] and volumes[mount["name"]]["emptyDir"].get("medium") != "Memory"]
+
+
 def jobset_pods(manifest: Mapping[str, Any], restart_attempt: int = 0, namespace: str = "default",
                 secrets: Mapping[str, Mapping[str, str]] | None = None,
                 configmaps: Mapping[str, Mapping[str, Any]] | None = None) -> list[Pod]:
@@ -126,6 +137,7 @@ def jobset_pods(manifest: Mapping[str, Any], restart_attempt: int = 0, namespace
                 pod = _indexed_pod(name, rjob["name"], job_index, index, subdomain, restart_attempt,
                                    container, namespace, secrets or {})
                 pod.files.update(files)
+                pod.empty_dirs.extend(empty_dirs(job_spec["template"]["spec"], container))
                 pods.append(pod)
     return pods
 

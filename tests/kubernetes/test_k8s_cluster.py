@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -18,17 +19,21 @@ from typing import Iterator
 
 import pytest
 
-from clusterddp.schedulers import kubernetes as k8s
+from clusterddp.schedulers.kubernetes import scheduler as k8s
 from tests.conftest import REPO, cli, cli_env
-from tests.kubernetes.crds import CRD_FILES, require_crds
+from tests.kubernetes.crds import CRD_FILES, RUNTIME, crd_name, require_crds
 
 pytestmark = pytest.mark.k8s
 KUBECONFIG = "CLUSTERDDP_TEST_KUBECONFIG"
-RUNTIME = "torch_distributed.yaml"
 
 
 def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=120, check=check)
+    """kubectl ARGS; with ``check``, a failure fails the test with kubectl's own stderr (a bare
+    CalledProcessError hid why a CRD or the runtime was refused)."""
+    done = subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=120)
+    if check and done.returncode != 0:
+        pytest.fail(f"kubectl {shlex.join(args)} failed (exit {done.returncode}): {done.stderr.strip()}")
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +48,11 @@ def cluster() -> Iterator[None]:
     saved = os.environ.get("KUBECONFIG")
     os.environ["KUBECONFIG"] = path
     try:
-        for name in [*CRD_FILES.values(), RUNTIME]:
+        for name in CRD_FILES.values():
             kubectl("apply", "--server-side", "-f", str(crds / name))
-        for name in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "pytorchjobs.kubeflow.org"):
-            kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        for kind in CRD_FILES:  # the runtime's kind must be served before the runtime is applied
+            kubectl("wait", "--for=condition=Established", f"crd/{crd_name(kind)}", "--timeout=60s")
+        kubectl("apply", "--server-side", "-f", str(crds / RUNTIME))
         yield
     finally:
         if saved is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterddp.schedulers import kubernetes as k8s
+from clusterddp.schedulers.kubernetes import scheduler as k8s
 from tests.conftest import REPO, cli, cli_env
 
 FAKE = Path(__file__).resolve().parent / "fake_kubectl.py"
@@ -50,9 +51,55 @@ def test_submit_pipes_the_manifest_to_kubectl_create(kubectl_env: dict[str, str]
     for call in (first, second):
         assert call["argv"] == ["--context", "lab", "--namespace", "team-a", "create", "-f", "-", "-o", "name"]
     assert [yaml.safe_load(str(c["stdin"]))["kind"] for c in (first, second)] == ["ConfigMap", "TrainJob"]
-    rendered = cli("render", "k8s", JOB, env=kubectl_env).stdout
+    rendered = cli("render", "k8s", JOB, "--namespace", "team-a", env=kubectl_env).stdout
     assert rendered.endswith(str(first["stdin"]) + str(second["stdin"]))
     assert "clusterddp logs k8s trainjob.trainer.kubeflow.org/cifar10" in done.stderr
+
+
+def namespaced_job(tmp_path: Path, namespace: str = "team-vision") -> str:
+    """jobs/cifar10.yaml with ``kubernetes.namespace`` set, beside a copy of its script."""
+    data = yaml.safe_load((REPO / JOB).read_text(encoding="utf-8"))
+    data["kubernetes"]["namespace"] = namespace
+    path = tmp_path / "cifar10.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    (tmp_path / "cifar10.py").write_text("", encoding="utf-8")
+    return str(path)
+
+
+def test_namespace_flag_wins_over_the_job_file(kubectl_env: dict[str, str], tmp_path: Path) -> None:
+    """kubernetes.namespace: team-vision, --namespace cddp-e2e: every object kubectl gets, and what
+    render k8s --namespace prints, is in cddp-e2e (kubectl refuses an object of another namespace)."""
+    job = namespaced_job(tmp_path)
+    done = k8s_cli(kubectl_env, "submit", "k8s", job, "--namespace", "cddp-e2e")
+    assert done.returncode == 0, done.stderr
+    for call in calls(kubectl_env):
+        assert call["argv"][:2] == ["--namespace", "cddp-e2e"]
+        assert yaml.safe_load(str(call["stdin"]))["metadata"]["namespace"] == "cddp-e2e"
+    rendered = k8s_cli(kubectl_env, "render", "k8s", job, "--namespace", "cddp-e2e", "--flavor", "jobset")
+    assert rendered.returncode == 0, rendered.stderr
+    assert [d["metadata"]["namespace"] for d in yaml.safe_load_all(rendered.stdout)] == ["cddp-e2e", "cddp-e2e"]
+    bad = k8s_cli(kubectl_env, "render", "k8s", job, "--namespace", "Team_Vision")
+    assert bad.returncode == 2 and "--namespace: invalid namespace value: 'Team_Vision'" in bad.stderr
+
+
+@pytest.mark.parametrize("flags,namespace", [
+    (("--context", "lab one", "--namespace", "team-a"), "team-a"),
+    ((), "team-vision"),
+])
+def test_follow_up_hint_is_pasteable(kubectl_env: dict[str, str], tmp_path: Path, flags: tuple[str, ...],
+                                     namespace: str) -> None:
+    """The printed 'follow it with:' command keeps --context and the namespace used (the job
+    file's included), shell-quoted; run as printed, it asks kubectl in the same place."""
+    done = k8s_cli(kubectl_env, "submit", "k8s", namespaced_job(tmp_path), *flags)
+    assert done.returncode == 0, done.stderr
+    hint = done.stderr.strip().partition("follow it with: ")[2]
+    assert hint == shlex.join(["clusterddp", "logs", "k8s", "trainjob.trainer.kubeflow.org/cifar10", *flags[:2],
+                               "--namespace", namespace])
+    Path(kubectl_env["FAKE_KUBECTL_LOG"]).unlink()
+    again = k8s_cli(kubectl_env, *shlex.split(hint)[1:])
+    assert again.returncode == 0, again.stderr
+    where = [*flags[:2], "--namespace", namespace]
+    assert all(c["argv"][:len(where)] == where for c in calls(kubectl_env))
 
 
 def test_refused_object_deletes_its_configmap(kubectl_env: dict[str, str]) -> None:
@@ -119,7 +166,7 @@ def test_status_refuses_a_bad_object_name(kubectl_env: dict[str, str], args: tup
 
 
 @pytest.mark.parametrize("scenario,fragment", [
-    ("unreachable", "cannot reach the API server: The connection to the server localhost:8080 was refused"),
+    ("unreachable", "cannot reach the API server at localhost:8080: connection refused"),
     ("forbidden", 'forbidden: User "alice" cannot create resource "trainjobs"'),
     ("exists", "cifar10 already exists in that namespace"),
     ("nocrd", "the cluster does not know TrainJob: its CRD is not installed"),
@@ -130,6 +177,108 @@ def test_server_refusals_are_one_line_exit_2(kubectl_env: dict[str, str], scenar
     done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, "submit", "k8s", JOB)
     assert done.returncode == 2 and fragment in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert done.stdout == ""
+
+
+NO_CRD = "its CRD is not installed (see docs/kubernetes.md, 'Installing the CRDs')"
+UNAUTHORIZED = ("kubectl: unauthorized: the API server refused the kubeconfig's credentials (an expired or wrong "
+                "token or certificate)")
+UNTRUSTED = ("kubectl: the API server's certificate is not trusted (certificate signed by unknown authority): check "
+             "the cluster's certificate-authority in the kubeconfig")
+
+
+@pytest.mark.parametrize("action,scenario,line", [
+    ("submit", "openapi-refused", "kubectl: cannot reach the API server at https://127.0.0.1:6449: connect: "
+                                  "connection refused"),
+    ("submit", "openapi-x509", UNTRUSTED),
+    ("submit", "openapi-unauthorized", UNAUTHORIZED),
+    ("submit", "stale-cache", f"kubectl: the cluster does not know JobSet: {NO_CRD}"),
+    ("status", "refused", "kubectl: cannot reach the API server at 127.0.0.1:6449: connection refused"),
+    ("status", "x509", UNTRUSTED),
+    ("status", "unauthorized", UNAUTHORIZED),
+])
+def test_kubectl_raw_words_become_the_cause(kubectl_env: dict[str, str], action: str, scenario: str,
+                                             line: str) -> None:
+    """kubectl v1.32.4's words for a dead port, a wrong CA, a bad token (its openapi download on
+    submit, klog lines on status) and a CRD its discovery cache still lists: one line naming the
+    cause, exit 2; a refused object's ConfigMap is deleted again."""
+    args = ("submit", "k8s", JOB) if action == "submit" else ("status", "k8s", "cifar10")
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, *args)
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"clusterddp: error: {line}\n", "")
+    if scenario == "stale-cache":
+        assert calls(kubectl_env)[-1]["argv"][1] == "configmap/cifar10-clusterddp"
+
+
+@pytest.mark.parametrize("action,scenario,line", [
+    ("logs", "nonamespace", "kubectl: namespace nope does not exist"),
+    ("logs", "nocrd-get", f"kubectl: the cluster does not know trainjobs: {NO_CRD}"),
+    ("logs", "gone", "kubectl: trainjob cifar10 not found in namespace nope"),
+    ("stop", "nonamespace", "kubectl: namespace nope does not exist"),
+    ("stop", "gone", "kubectl: trainjob cifar10 not found in namespace nope"),
+    ("status", "gone", "kubectl: trainjob cifar10 not found in namespace nope"),
+])
+def test_logs_and_stop_name_what_is_missing(kubectl_env: dict[str, str], action: str, scenario: str,
+                                            line: str) -> None:
+    """logs in a missing namespace or without the CRD (kubectl lists no pods there, rc 0) and stop
+    in a missing namespace (kubectl delete says only 'not found') name what is missing."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, action, "k8s", "cifar10", "--namespace", "nope")
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"clusterddp: error: {line}\n", "")
+
+
+@pytest.mark.parametrize("make", ["directory", "not-executable"])
+def test_kubectl_that_cannot_run_is_one_line(tmp_path: Path, make: str) -> None:
+    """A kubectl on PATH that is a directory or a file without execute permission: one line naming it, exit 2."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kubectl = bin_dir / "kubectl"
+    if make == "directory":
+        kubectl.mkdir()
+    else:
+        kubectl.write_text("#!/bin/sh\n", encoding="utf-8")
+        kubectl.chmod(0o644)
+    env = cli_env(PATH=str(bin_dir), PYTHONPATH=str(REPO))  # exec skips it for a kubectl further on PATH
+    for args in (("submit", "k8s", JOB), ("status", "k8s", "cifar10"), ("logs", "k8s", "cifar10")):
+        done = cli(*args, env=env)
+        what = "is a directory" if make == "directory" else "cannot be run (Permission denied)"
+        assert (done.returncode, done.stderr) == (
+            2, f"clusterddp: error: '{kubectl}' {what} (hint: put an executable kubectl first on PATH)\n"), args
+
+
+@pytest.mark.parametrize("scenario,line", [
+    ("not-utf8", "kubectl printed output that is not UTF-8 (byte 46)"),
+    ("deep", "kubectl printed JSON nested too deeply to read"),
+    ("status-string", "kubectl printed the object's status as str, not an object"),
+    ("pod-status-string", "kubectl printed a pod's status as str, not an object"),
+])
+def test_untrusted_kubectl_output_is_one_line(kubectl_env: dict[str, str], scenario: str, line: str) -> None:
+    """kubectl's output is untrusted input: not UTF-8, 200,000-deep JSON, a status or a pod status
+    that is a string: status k8s says so in one line, exit 2, no traceback."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, "status", "k8s", "cifar10")
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"clusterddp: error: {line}\n", "")
+
+
+def test_logs_keep_a_line_that_is_not_utf8(kubectl_env: dict[str, str]) -> None:
+    """A Latin-1 byte in one pod's log is shown escaped, and that pod's later lines still come."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": "log-latin1"}, "logs", "k8s", "cifar10")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[node 0] epoch 1 caf\\xe9 loss 2.1", "[node 0] hello from cifar10-node-0-0-x",
+                                                "[node 1] epoch 1 caf\\xe9 loss 2.1", "[node 1] hello from cifar10-node-0-1-x"]
+
+
+def test_submit_masks_a_passthrough_value_kubectl_echoes(kubectl_env: dict[str, str], tmp_path: Path) -> None:
+    """An env_passthrough value set here and echoed in kubectl's refusal is printed as ***, as
+    submit slurm prints it; the refused object's ConfigMap is deleted again."""
+    secret = "wandb-0123456789abcdef"
+    data = yaml.safe_load((REPO / JOB).read_text(encoding="utf-8"))
+    data.update(env_passthrough=["WANDB_API_KEY"], kubernetes={**data["kubernetes"], "secret": "wandb"})
+    job = tmp_path / "cifar10.yaml"
+    job.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    (tmp_path / "cifar10.py").write_text("", encoding="utf-8")
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": "echo-secret", "WANDB_API_KEY": secret},
+                   "submit", "k8s", str(job))
+    assert done.returncode == 2 and secret not in done.stderr + done.stdout, done.stderr
+    assert done.stderr == ('clusterddp: error: kubectl: the server refused the object: is invalid: '
+                           'metadata.annotations: Invalid value: "***": must be no more than 63 characters\n')
+    assert secret not in "".join(str(c["stdin"]) for c in calls(kubectl_env))
 
 
 def test_status_of_a_kind_the_server_lacks(kubectl_env: dict[str, str]) -> None:

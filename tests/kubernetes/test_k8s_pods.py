@@ -94,6 +94,32 @@ def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor:
     print(f"{flavor}: pods started -> first rank running {first_rank:.1f} s")
 
 
+@pytest.mark.parametrize("flavor", ["jobset", "trainjob"])
+def test_a_read_only_working_directory_keeps_the_launcher_running(tmp_path: Path, flavor: str) -> None:
+    """A job file without logs.dir, in pods whose working directory is read-only (a root-owned
+    WORKDIR, readOnlyRootFilesystem): the launchers write their logs and run files in the
+    rendered emptyDir, and the 2 x 2 gloo all-reduce completes."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    data = {"name": "ro", "script": str(BIN / "env_allreduce.py"), "args": [str(out)], "nodes": 2,
+            "nproc_per_node": 2, "backend": "gloo", "grace_period": 3, "container": {"image": "clusterddp-test:1"}}
+    job = tmp_path / "ro.yaml"
+    job.write_text(yaml.safe_dump(data, sort_keys=False))
+    manifest = render(job, flavor)
+    cwd = workdir(tmp_path)
+    with pod_network(2, tmp_path) as network:
+        running = [network.start(pod, pod.index, cwd, read_only=True) for pod in pods_of(manifest)]
+        assert all(item.pod.empty_dirs == ["/var/log/clusterddp"] for item in running)
+        codes = wait_all(running, TIMEOUT)
+    text = outputs(running)
+    assert codes == [0, 0], text
+    assert sorted(p.name for p in out.iterdir()) == [f"rank{rank}.json" for rank in range(4)], text
+    for rank in range(4):
+        env = json.loads((out / f"rank{rank}.json").read_text())["env"]
+        assert env["CLUSTERDDP_HEARTBEAT_FILE"].startswith("/var/log/clusterddp/"), env
+    assert list(cwd.iterdir()) == []
+
+
 def job_spec(manifest: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
     return spec

@@ -17,13 +17,13 @@ import yaml
 from clusterddp import __version__, pack
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NONFINITE_LOSS, PREEMPTED
-from clusterddp.schedulers.kubernetes_render import render_kubernetes, render_manifest, render_objects
+from clusterddp.schedulers.kubernetes.render import render_kubernetes, render_manifest, render_objects
 from clusterddp.sections import k8s_names
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import FLAVORS
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import REPO
-from tests.kubernetes.crds import cel_rules, schema_errors
+from tests.kubernetes.crds import CRD_FILES, RUNTIME, cel_rules, require_crds, schema_errors, served_schema
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
@@ -94,6 +94,20 @@ def test_schema_check_catches_a_wrong_field() -> None:
     errors = schema_errors(obj)
     assert any("numNodes" in e and "integer" in e for e in errors), errors
     assert any("gpus" in e for e in errors), errors
+
+
+def test_every_kind_the_test_cluster_needs_has_its_crd() -> None:
+    """CRD_FILES (what the k8s tests install) holds every CRD of the reference set, the runtime's
+    kind among them, each file defining the kind it is listed under (a fresh cluster needs all)."""
+    crds = require_crds()
+    defined = {}
+    for path in sorted(crds.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                defined[doc["spec"]["names"]["kind"]] = path.name
+    assert CRD_FILES == defined
+    runtime = yaml.safe_load((crds / RUNTIME).read_text(encoding="utf-8"))
+    assert schema_errors(runtime) == [] and served_schema(runtime["kind"], runtime["apiVersion"])
 
 
 #: Every CEL rule of the served schemas, and why it holds for a rendered object on create.
@@ -229,10 +243,12 @@ def test_trainjob_pod_settings_go_through_runtime_patches() -> None:
     pod = patch["template"]["spec"]["template"]["spec"]
     assert patch["name"] == "node" and pod["serviceAccountName"] == "trainer"
     assert pod["containers"] == [{"name": "node", "volumeMounts": [
-        {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "clusterddp", "mountPath": "/etc/clusterddp", "readOnly": True}]}]
+        {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "clusterddp", "mountPath": "/etc/clusterddp", "readOnly": True},
+        {"name": "clusterddp-logs", "mountPath": "/var/log/clusterddp"}]}]
     assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
                               {"name": "clusterddp", "configMap": {"name": "resnet-ddp-clusterddp", "items": [
-                                  {"key": "job.yaml", "path": "full.yaml"}, {"key": "clusterddp.pyz", "path": "clusterddp.pyz"}]}}]
+                                  {"key": "job.yaml", "path": "full.yaml"}, {"key": "clusterddp.pyz", "path": "clusterddp.pyz"}]}},
+                              {"name": "clusterddp-logs", "emptyDir": {}}]
     assert pod["tolerations"][1] == {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
                                      "tolerationSeconds": 300}
     assert obj["spec"]["trainer"]["resourcesPerNode"]["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4"}
@@ -395,9 +411,23 @@ def test_configmap_over_one_mib_refused(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_launcher_image_renders_one_object() -> None:
-    """kubernetes.launcher: image: no ConfigMap, the image's own 'clusterddp run JOB_PATH', no volume of ours."""
+    """kubernetes.launcher: image: no ConfigMap, the image's own 'clusterddp run JOB_PATH', no volume of ours
+    but the launcher's logs emptyDir."""
     job, path = fixture("minimal")
     job = replace(job, kubernetes=replace(job.kubernetes, launcher="image"))
     (obj,) = render_objects(job, path, "trainjob")
-    assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path]
-    assert "clusterddp" not in str(obj.get("spec", {}).get("runtimePatches", ""))
+    assert obj["spec"]["trainer"]["command"] == ["clusterddp", "run", path, "--log-dir", "/var/log/clusterddp"]
+    patched = obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert patched["template"]["spec"]["template"]["spec"]["volumes"] == [{"name": "clusterddp-logs", "emptyDir": {}}]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_launcher_logs_go_to_an_empty_dir_unless_the_job_sets_logs_dir(flavor: str, tmp_path: Path) -> None:
+    """Without logs.dir the pod's launcher writes its logs and run files in an emptyDir
+    (--log-dir /var/log/clusterddp): the working directory may be read-only. A logs.dir the job
+    file sets is kept, and no emptyDir is added."""
+    job, path = fixture("minimal")
+    for objects, wanted in ((render_objects(job, path, flavor), True),
+                            (render_objects(replace(job, key_lines={"logs.dir": 3}), path, flavor), False)):
+        text = yaml.safe_dump(objects[-1])
+        assert ("--log-dir" in text and "clusterddp-logs" in text and "emptyDir: {}" in text) == wanted, text

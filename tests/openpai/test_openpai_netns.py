@@ -21,7 +21,7 @@ from pai_netns import IFNAME, Node, pai_nodes, unavailable_reason
 from pai_runtime import SEED_VARIABLES, TaskRole, runtime_env
 
 from clusterddp.envs import Overrides
-from clusterddp.schedulers.openpai_render import render_openpai
+from clusterddp.schedulers.openpai.render import render_openpai
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import load_job

@@ -13,8 +13,8 @@ from server_rules import server_errors
 
 from clusterddp import __version__
 from clusterddp.errors import JobSpecError
-from clusterddp.schedulers.openpai import OpenPAIOptions, OpenPAIScheduler
-from clusterddp.schedulers.openpai_render import chain_problem, render_openpai
+from clusterddp.schedulers.openpai.scheduler import OpenPAIOptions, OpenPAIScheduler
+from clusterddp.schedulers.openpai.render import chain_problem, render_openpai
 from clusterddp.schedulers.quoting import yaml_scalar
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec

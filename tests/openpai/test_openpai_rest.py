@@ -19,9 +19,9 @@ from pai_server import PREFIX, FakeOpenPAI, fake_openpai
 
 from clusterddp.cli import scheduler_options
 from clusterddp.errors import SubmitError
-from clusterddp.schedulers.openpai import OpenPAIScheduler
-from clusterddp.schedulers.openpai_render import render_openpai
-from clusterddp.schedulers.openpai_rest import OpenPAIClient, Secret, base_url, read_token
+from clusterddp.schedulers.openpai.scheduler import OpenPAIScheduler
+from clusterddp.schedulers.openpai.render import render_openpai
+from clusterddp.schedulers.openpai.rest import OpenPAIClient, Secret, base_url, read_token
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import load_job

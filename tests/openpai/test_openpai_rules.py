@@ -11,7 +11,7 @@ import pytest
 import yaml
 from server_rules import DATA, SCHEMA, framework_errors, middleware_errors, schema_errors, server_errors
 
-from clusterddp.schedulers.openpai_render import MAX_INSTANCES, MAX_RETRY_COUNT, render_openpai
+from clusterddp.schedulers.openpai.render import MAX_INSTANCES, MAX_RETRY_COUNT, render_openpai
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.openpai import OpenPAISpec
 from clusterddp.spec import JobSpec, load_job

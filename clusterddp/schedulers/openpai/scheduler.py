@@ -17,8 +17,8 @@ from typing import Any, Mapping
 from clusterddp.errors import SubmitError
 from clusterddp.redact import scrub
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, seconds
-from clusterddp.schedulers.openpai_render import render_openpai
-from clusterddp.schedulers.openpai_rest import (
+from clusterddp.schedulers.openpai.render import render_openpai
+from clusterddp.schedulers.openpai.rest import (
     TOKEN_ENV,
     URL_ENV,
     OpenPAIClient,

@@ -5,12 +5,12 @@ pasted into YAML text, so no value (``"a\\nkind: Pod"`` included) can change the
 structure. Names were checked at load time (clusterddp.sections.kubernetes); the rules that
 need the whole job (the flavor, ``nodes``, ``restarts``, GPUs) are checked here, naming the key.
 
-What the pod runs (clusterddp.schedulers.kubernetes_launcher): by default the image's python3
+What the pod runs (clusterddp.schedulers.kubernetes.launcher): by default the image's python3
 runs the launcher packed as one zipapp, from a ConfigMap rendered before the object (the image
 needs python3 and torch, not clusterddp); with ``kubernetes.launcher: image``, the image's own
 ``clusterddp run JOB_PATH``. Either way in the image's working directory (``container.workdir``
 where the flavor has the field), which holds the script at its path relative to the checkout.
-The image is ``container.image`` (clusterddp.schedulers.kubernetes_container). Each pod is placed by what its controller gives it: a
+The image is ``container.image`` (clusterddp.schedulers.kubernetes.container). Each pod is placed by what its controller gives it: a
 TrainJob pod by the torch plugin's ``PET_*`` (the renderer sets none: the webhook refuses
 them); a JobSet pod by the ``CLUSTERDDP_JOBSET_*`` contract of clusterddp.envs.jobset, written
 here, plus the Job controller's ``JOB_COMPLETION_INDEX``; a PyTorchJob pod by the operator's
@@ -28,12 +28,12 @@ from clusterddp import __version__
 from clusterddp.envs import jobset as contract
 from clusterddp.errors import JobSpecError
 from clusterddp.exitcodes import NOT_RESTARTED
-from clusterddp.schedulers import kubernetes_container as kc
-from clusterddp.schedulers import kubernetes_launcher as launcher
+from clusterddp.schedulers.kubernetes import container as kc
+from clusterddp.schedulers.kubernetes import launcher
 from clusterddp.schedulers import quoting as q
 from clusterddp.sections import k8s_names
 from clusterddp.sections.kubernetes import FLAVORS, QUEUE_LABEL
-from clusterddp.spec import JobSpec
+from clusterddp.spec import JobSpec, LogsSpec
 from clusterddp.validate import shown
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
@@ -58,6 +58,12 @@ POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 #: ``runtimePatches[].manager`` of the patch this renderer writes.
 PATCH_MANAGER = "clusterddp"
 SHM_VOLUME = "dshm"
+#: The launcher's writable directory in every pod, for its logs and run files (``logs.dir``):
+#: an emptyDir, as the image's working directory is often read-only (``readOnlyRootFilesystem``,
+#: a root-owned WORKDIR) and the launcher refuses a log directory it cannot write. Used when the
+#: job file sets no ``logs.dir`` of its own (one it sets is where the user wants the logs).
+LOGS_VOLUME = "clusterddp-logs"
+LOGS_PATH = "/var/log/clusterddp"
 
 
 def render_manifest(job: JobSpec, job_path: str, flavor: str | None = None) -> dict[str, Any]:
@@ -71,7 +77,10 @@ def render_objects(job: JobSpec, job_path: str, flavor: str | None = None) -> li
     obj, where = _object(job, job_path, flavor)
     if job.kubernetes.launcher == "image":
         return [obj]
-    return [launcher.configmap(job, obj["metadata"]["name"], obj["metadata"], where), obj]
+    try:
+        return [launcher.configmap(job, obj["metadata"]["name"], obj["metadata"], where), obj]
+    except JobSpecError as exc:
+        raise job.placed(exc) from None
 
 
 def _object(job: JobSpec, job_path: str, flavor: str | None) -> tuple[dict[str, Any], str]:
@@ -80,10 +89,13 @@ def _object(job: JobSpec, job_path: str, flavor: str | None) -> tuple[dict[str, 
     flavor = flavor or job.kubernetes.flavor
     if flavor not in FLAVORS:
         raise q.fail(where, "kubernetes.flavor", f"unknown flavor {shown(flavor)}; known: {', '.join(FLAVORS)}")
-    name = object_name(job, where, flavor)
-    pod = PodParts(job, job_path, where, name, flavor)
-    builder = {"trainjob": _trainjob, "jobset": _jobset, "pytorchjob": _pytorchjob}[flavor]
-    return builder(job, pod, name, where), where
+    try:
+        name = object_name(job, where, flavor)
+        pod = PodParts(job, job_path, where, name, flavor)
+        builder = {"trainjob": _trainjob, "jobset": _jobset, "pytorchjob": _pytorchjob}[flavor]
+        return builder(job, pod, name, where), where
+    except JobSpecError as exc:  # a check made here names the key; the job knows its line
+        raise job.placed(exc) from None
 
 
 def render_kubernetes(job: JobSpec, job_path: str, flavor: str | None = None) -> str:
@@ -110,7 +122,10 @@ def render_documents(job: JobSpec, job_path: str, flavor: str | None = None) -> 
 class _PlainDumper(yaml.SafeDumper):
     """SafeDumper without anchors: a part used twice (the PyTorchJob pod template) is written
     out twice, as a reader of the manifest expects, not as ``&id001`` / ``*id001``. A
-    ConfigMap's multi-line text (the job file) is a literal block, readable as the file was."""
+    ConfigMap's multi-line text (the job file) is a literal block, readable as the file was.
+    Every other string is plain only where ``quoting.yaml_plain`` says every reader takes it
+    for a string, else double-quoted: SafeDumper asks only its own YAML 1.1 resolver, so a
+    label ``0o17`` or ``1e3`` went out plain and kubectl read a number."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
@@ -118,7 +133,7 @@ class _PlainDumper(yaml.SafeDumper):
     def represent_str(self, data: str) -> yaml.ScalarNode:
         if "\n" in data:
             return self.represent_scalar("tag:yaml.org,2002:str", data, style="|")
-        return super().represent_str(data)
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style=None if q.yaml_plain(data) else '"')
 
 
 _PlainDumper.add_representer(str, _PlainDumper.represent_str)
@@ -164,6 +179,10 @@ class PodParts:
             self.command = launcher.pod_command(job_path, where)
             self.volumes.append(launcher.volume(name, job_path, where))
             self.mounts.append(launcher.volume_mount())
+        if job.logs.dir == LogsSpec().dir and "logs.dir" not in job.key_lines:
+            self.command += ["--log-dir", LOGS_PATH]
+            self.volumes.append({"name": LOGS_VOLUME, "emptyDir": {}})
+            self.mounts.append({"name": LOGS_VOLUME, "mountPath": LOGS_PATH})
 
     def pod_settings(self, job: JobSpec, priority: bool = True) -> dict[str, Any]:
         """serviceAccountName, nodeSelector, tolerations, imagePullSecrets, volumes (set ones only)."""
@@ -239,12 +258,16 @@ def resources(job: JobSpec, where: str) -> dict[str, Any]:
     gpus = spec.gpus
     q.integer(gpus, where, "kubernetes.gpus")
     nproc = job.nproc_per_node
+    # The line: kubernetes.gpus where the file sets it, else the key it contradicts.
     if gpus == 0 and (job.backend == "nccl" or nproc == "gpu"):
+        cause = "backend" if job.backend == "nccl" else "nproc_per_node"
         why = "backend is nccl" if job.backend == "nccl" else "nproc_per_node is 'gpu'"
-        raise q.fail(where, "kubernetes.gpus", f"is 0 but the {why}", "set kubernetes.gpus to the GPUs per node")
+        raise JobSpecError(where, job.key_lines.get("kubernetes.gpus") or job.line_of(cause), "kubernetes.gpus",
+                           f"is 0 but the {why}", "set kubernetes.gpus to the GPUs per node")
     if gpus > 0 and isinstance(nproc, int) and nproc > gpus and job.backend != "gloo":
-        raise q.fail(where, "kubernetes.gpus", f"{gpus} GPUs per node for nproc_per_node {nproc}: one GPU per worker",
-                     f"set kubernetes.gpus to {nproc}, or nproc_per_node to {gpus}")
+        raise JobSpecError(where, job.key_lines.get("kubernetes.gpus") or job.line_of("nproc_per_node"),
+                           "kubernetes.gpus", f"{gpus} GPUs per node for nproc_per_node {nproc}: one GPU per worker",
+                           f"set kubernetes.gpus to {nproc}, or nproc_per_node to {gpus}")
     sized = {key: value for key, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
     limits: dict[str, Any] = dict(sized)
     if gpus:
