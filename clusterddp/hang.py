@@ -170,31 +170,40 @@ class StepBudget:
         return seconds, how
 
 
-def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host: str, now: float) -> str:
+def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host: str, now: float,
+          hosts: Mapping[int, str] | None = None) -> str:
     """The rank holding the others, its host and its phase: a rank outside a collective while
-    others wait in one, else the rank(s) furthest behind (lowest step, then oldest record)."""
+    others wait in one, else the rank(s) furthest behind (lowest step, then oldest record).
+
+    ``where`` holds this node's ranks' stacks; ``hosts`` the host of each rank of the records
+    that is on another node (node 0 judging every node's records): when every rank here waits
+    in a collective, the stuck rank is the furthest behind of those."""
+    hosts = hosts or {}
     by_rank = {record.rank: record for record in records}
     outside = sorted(r for r, w in where.items() if not w.in_collective)
-    if where and not outside:
+    elsewhere = [record for record in records if record.rank in hosts and record.rank not in where]
+    if where and not outside and not elsewhere:
         phases = sorted({by_rank[r].phase for r in where if r in by_rank}) or ["unknown"]
         return (f"rank(s) {format_ranks(sorted(where))} on {host} all wait in a collective (phase "
                 f"{', '.join(phases)}): the stuck rank is on another node")
     if outside and len(outside) < len(where):
         chosen = outside
     elif by_rank:
-        lowest = min((r.step if r.step is not None else -1, r.mtime) for r in by_rank.values())
-        chosen = sorted(r.rank for r in by_rank.values()
-                        if (r.step if r.step is not None else -1) == lowest[0])
+        pool = elsewhere if where and not outside else list(by_rank.values())
+        lowest = min((r.step if r.step is not None else -1, r.mtime) for r in pool)
+        chosen = sorted(r.rank for r in pool if (r.step if r.step is not None else -1) == lowest[0])
     else:
         return f"no progress record on {host}"
     parts = []
     for rank in chosen[:4]:
         record = by_rank.get(rank)
+        on = hosts.get(rank, host)
         if record is None:
-            parts.append(f"rank {rank} on {host} (no progress record)")
+            parts.append(f"rank {rank} on {on} (no progress record)")
             continue
         since = f" for {now - record.phase_t:.0f}s" if record.phase_t is not None else ""
         step = f", last step recorded {record.step}" if record.step is not None else ", no step yet"
-        parts.append(f"rank {rank} on {host} in phase {record.phase}{since}{step}")
+        parts.append(f"rank {rank} on {on} in phase {record.phase}{since}{step}")
     more = f" and {len(chosen) - 4} more" if len(chosen) > 4 else ""
-    return "stuck: " + "; ".join(parts) + more
+    here = f"rank(s) {format_ranks(sorted(where))} on {host} wait in a collective; " if where and not outside else ""
+    return here + "stuck: " + "; ".join(parts) + more

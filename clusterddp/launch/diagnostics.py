@@ -17,9 +17,10 @@ from typing import Callable, Sequence
 
 from clusterddp.atomicfile import WriteError
 from clusterddp.events import EventLog
-from clusterddp.hang import AUTO, START_BUDGET, RankLife, StepBudget, culprit, last_progress, stalled_for, stuck
+from clusterddp.hang import AUTO, PHASE_BUDGET, START_BUDGET, RankLife, StepBudget, culprit, last_progress, stalled_for, stuck
 from clusterddp.progress import RankProgress, read_all
 from clusterddp.straggler import StragglerWatch
+from clusterddp.launch.peers import SharedRunDir
 from clusterddp.launch.stackdump import Target, collect
 from clusterddp.launch.workers import RankState
 from clusterddp.protocol import progress_line, stacks_block_title, stacks_line, write_stacks_report
@@ -85,12 +86,18 @@ class HangCheck:
     A number: progress is any sign of life (a line, the heartbeat file's mtime), counted from
     the attempt's first one. ``"auto"``: ``hang.StepBudget`` over the progress records; before
     the attempt's first step ``hang.START_BUDGET`` without any sign of life, counted from the
-    attempt's start; after it, no step (nor phase change) on any rank for the budget."""
+    attempt's start; after it, no step (nor phase change) on any rank for the budget.
+
+    With ``peers`` (no head, several nodes): node 0's records include the other nodes' it
+    sees, so their phases count; a node K that node 0 judges leaves the verdict after its
+    first step to node 0 (alone it would take node 0's checkpoint for a hang), keeping only
+    ``PHASE_BUDGET`` as a backstop."""
 
     def __init__(self, timeout: float | str | None, stacks: StacksHook,
                  clock: Callable[[], float] = time.monotonic, host: str = "",
                  judges: Sequence[RecordsHook] = (), wall: Callable[[], float] = time.time,
-                 records: Callable[[], list[RankProgress]] | None = None) -> None:
+                 records: Callable[[], list[RankProgress]] | None = None,
+                 peers: SharedRunDir | None = None) -> None:
         self.timeout = timeout
         self._stacks = stacks
         self._clock = clock
@@ -107,6 +114,7 @@ class HangCheck:
         #: The supervisor's reader of the records (``runlog.RunLog.records``): one read feeds
         #: the event log and every judgement here. None: read them here (tests, other callers).
         self._source = records
+        self._peers = peers
 
     def new_attempt(self) -> None:
         self._attempt_started = self._clock()
@@ -170,25 +178,36 @@ class HangCheck:
         else:
             stalled = now_wall - max(max(r.t or 0.0, r.phase_t or 0.0) for r in records)
             budget, how = self._budget.budget([r.phase for r in records])
+            if self._peers is not None and self._peers.judged_elsewhere and budget < PHASE_BUDGET:
+                # node 0 judges these ranks with every node's phases; this node keeps only a
+                # backstop (a stuck rank here outlives node 0's verdict where nothing kills it)
+                budget, how = PHASE_BUDGET, f"node 0 judges every node; here {PHASE_BUDGET:g}s"
         if stalled is None or stalled <= budget:
             return None
         report = self._stacks(ranks, "hang")
+        hosts = self._peers.hosts if self._peers is not None else {}
         return (f"hang: no step on any rank for {stalled:.0f}s (hang_timeout auto: {budget:.0f}s, {how}); "
-                + stuck(records, report.where if report else {}, self._host, now_wall))
+                + stuck(records, report.where if report else {}, self._host, now_wall, hosts))
 
 
 class Stragglers:
     """This node's ranks compared (``straggler.StragglerWatch``): one line and one event per
-    slow host found. Under SSH the head judges every host's ranks instead (``ProgressRelay``)."""
+    slow host found. Under SSH the head judges every host's ranks instead (``ProgressRelay``);
+    with ``peers`` node 0 judges every node's it sees, and a node it judges judges nothing."""
 
-    def __init__(self, host: str, say: Callable[[str], None], events: EventLog | None) -> None:
+    def __init__(self, host: str, say: Callable[[str], None], events: EventLog | None,
+                 peers: SharedRunDir | None = None) -> None:
         self._host = host
         self._say = say
         self._events = events
+        self._peers = peers
         self._watch = StragglerWatch()
 
     def __call__(self, records: list[RankProgress]) -> None:
-        for found in self._watch.observe(records, {record.rank: self._host for record in records}):
+        hosts = self._peers.hosts if self._peers is not None else {}
+        if self._peers is not None and self._peers.judged_elsewhere:
+            return
+        for found in self._watch.observe(records, {r.rank: hosts.get(r.rank, self._host) for r in records}):
             self._say(f"clusterddp: {found.line()}")
             if self._events is not None:
                 self._events.emit("straggler", slow_host=found.host, ranks=list(found.ranks),
@@ -222,11 +241,13 @@ def record_json(record: RankProgress) -> dict[str, object]:
 
 def default_hooks(host: str, run_dir: str | None, hang_timeout: float | str | None, say: Callable[[str], None],
                   emit: Callable[[str], None] | None, events: EventLog | None = None,
-                  records: Callable[[], list[RankProgress]] | None = None) -> DiagnosticHooks:
+                  records: Callable[[], list[RankProgress]] | None = None,
+                  peers: SharedRunDir | None = None) -> DiagnosticHooks:
     """Stacks to stderr (and ``emit``), full dumps under ``run_dir``; the hang check on them;
     the slow host named here (its event to ``events``), or under the SSH head (``emit``) by
-    the head from every host's records; ``records``: the supervisor's reader of them."""
+    the head from every host's records, or without a head by node 0 from every node's it sees
+    (``peers``); ``records``: the supervisor's reader of them."""
     stacks = StacksDump(host, run_dir, say, emit)
-    judge: RecordsHook = ProgressRelay(host, emit) if emit is not None else Stragglers(host, say, events)
-    hang = HangCheck(hang_timeout, stacks, host=host, judges=(judge,), records=records)
+    judge: RecordsHook = ProgressRelay(host, emit) if emit is not None else Stragglers(host, say, events, peers)
+    hang = HangCheck(hang_timeout, stacks, host=host, judges=(judge,), records=records, peers=peers)
     return DiagnosticHooks(stacks=stacks, hang=hang, new_attempt=hang.new_attempt)

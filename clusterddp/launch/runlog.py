@@ -7,7 +7,9 @@ It reads the records of the attempt's ranks (``clusterddp.progress``) at most ev
 announce (one ``phase`` start when the first rank of this node enters one, one end when the
 last leaves it, at the ranks' own times; a ``span`` for one that began and ended between two
 reads, from the ranks' ``last`` phase). ``progressed()`` answers the restart verdict's
-question "did any step complete in this attempt?" from the same records.
+question "did any step complete in this attempt?" from the same records. On node 0 of a
+run whose nodes share the run directory (``peers.SharedRunDir``) the same read takes the
+other nodes' records too (``judged``), for the judgements; the events stay this node's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from clusterddp.events import EventLog
+from clusterddp.launch.peers import SharedRunDir
 from clusterddp.progress import TRAIN, RankProgress, first_step_t, read_all, stepped_since
 
 #: Seconds between two reads of the ranks' records (a read is one small file per rank).
@@ -30,10 +33,13 @@ UNSEEN_PROGRESS_AFTER = 60.0
 class RunLog:
     """The event log of this launcher and the progress of its current attempt."""
 
-    def __init__(self, events: EventLog, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, events: EventLog, clock: Callable[[], float] = time.time,
+                 peers: SharedRunDir | None = None) -> None:
         self.events = events
+        self.peers = peers
         self._clock = clock
         self._files: list[tuple[int, str]] = []
+        self._own: set[int] = set()
         self._began = 0.0
         self._next_read = 0.0
         self._first_step: float | None = None
@@ -43,6 +49,8 @@ class RunLog:
         self._ended: dict[str, float] = {}
         #: The records last read (the current attempt's ranks that wrote one).
         self.records: list[RankProgress] = []
+        #: What the judgements read: ``records`` and, on node 0, the other nodes' it sees.
+        self.judged: list[RankProgress] = []
 
     def emit(self, kind: str, **fields: Any) -> None:
         self.events.emit(kind, **fields)
@@ -51,12 +59,16 @@ class RunLog:
         """A new attempt: its number stamps later events; its ranks' (rank, heartbeat file)."""
         self.events.attempt = attempt
         self._files = [(rank, path) for rank, path in files if path]
+        self._own = {rank for rank, _ in self._files}
         self._began = self._clock()
         self._next_read = 0.0
         self._first_step = None
         self._phases = {}
         self._ended = {}
         self.records = []
+        self.judged = []
+        if self.peers is not None:
+            self.peers.attempt_started(attempt, self._files)
         self.emit("attempt_start", ranks=len(files))
 
     def tick(self, force: bool = False) -> None:
@@ -65,8 +77,13 @@ class RunLog:
         if not force and now < self._next_read:
             return
         self._next_read = now + READ_INTERVAL
-        records = [r for r in read_all(self._files) if r.mtime >= self._began]  # not a stale one
-        self.records = records
+        others: list[tuple[int, str]] = []
+        if self.peers is not None:
+            self.peers.poll(self._first_step is not None)
+            others = self.peers.files
+        judged = [r for r in read_all(self._files + others) if r.mtime >= self._began]  # not a stale one
+        records = [r for r in judged if r.rank in self._own] if others else judged
+        self.records, self.judged = records, judged
         if self._first_step is None:
             first = first_step_t(records, self._began)
             if first is not None:

@@ -20,6 +20,7 @@ from typing import Any
 from clusterddp.events import EventLog
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
+from clusterddp.launch.peers import shared_run_dir
 from clusterddp.launch.report import WorkerExit, format_report
 from clusterddp.launch.restart import AttemptEnd, RestartPolicy, end_reason, exit_code
 from clusterddp.launch.runlog import RunLog
@@ -79,10 +80,14 @@ class LocalSupervisor:
         self.policy = RestartPolicy(options.restarts)
         # events.jsonl when this launcher is the run's only one, else events.node<K>.jsonl
         alone = topology.nnodes == 1 and not options.watch_stdin
-        self.runlog = RunLog(EventLog(options.run_dir, None if alone else topology.node_rank, topology.host))
+        # several nodes, no head: node 0 judges every node's records it sees in the run dir
+        peers = shared_run_dir(options.run_dir, topology, options.watch_stdin, self.console.say)
+        self.runlog = RunLog(EventLog(options.run_dir, None if alone else topology.node_rank, topology.host),
+                             peers=peers)
         self.hooks = hooks or default_hooks(topology.host, options.run_dir, options.hang_timeout,
                                             self.console.say, self._emit if options.report_json else None,
-                                            events=self.runlog.events, records=lambda: self.runlog.records)
+                                            events=self.runlog.events, records=lambda: self.runlog.judged,
+                                            peers=peers)
         self._watch = StdinWatch(options.heartbeat_timeout, self.request_stop, self._request_stacks) \
             if options.watch_stdin else None
         self._wake = Waker()  # set by signal handlers: see waker.py for why not an Event
