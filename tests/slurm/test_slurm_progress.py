@@ -32,15 +32,15 @@ def events(job: Path, job_id: str) -> list[dict[str, object]]:
 
 
 def test_node0_names_the_slow_node_within_10s(cluster: SlurmCluster, tmp_path: Path) -> None:
-    """Rank 1 (cdslurm2) computes 2x from step 25, with 6 s checkpoints on rank 0 and hang_timeout auto: COMPLETED, one line from node 0 naming cdslurm2 within 10 s of onset, its event."""
+    """Rank 1 (cdslurm2) computes 2x from step 35, 6 s checkpoints on rank 0 at steps 30 and 60, hang_timeout auto: COMPLETED, one line from node 0 naming cdslurm2 within 10 s of onset, its event."""
     job = write_job(tmp_path, "slow", BIN / "slow_compute.py", nproc_per_node=1, hang_timeout="auto",
-                    args=["steps=70", "compute=0.1", "slow_rank=1", "slow_from=25", "ckpt_every=12", "ckpt_x=60"])
+                    args=["steps=70", "compute=0.1", "slow_rank=1", "slow_from=35", "ckpt_every=30", "ckpt_x=60"])
     job_id = submit(cluster, job)
     info = cluster.wait_state(job_id, DONE, timeout=300)
     log = batch_log(job, job_id)
     assert info["JobState"] == "COMPLETED", log
     lines = [line for line in log.splitlines() if "straggler:" in line]
-    onset = float(re.search(r"slow from step 25 t=([0-9.]+)", log).group(1))  # type: ignore[union-attr]
+    onset = float(re.search(r"slow from step 35 t=([0-9.]+)", log).group(1))  # type: ignore[union-attr]
     found = [e for e in events(job, job_id) if e["kind"] == "straggler"]
     delay = float(found[0]["t"]) - onset if found else None  # type: ignore[arg-type]
     print(f"straggler under SLURM: {lines}; event {delay}s after onset")
