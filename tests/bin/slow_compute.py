@@ -3,8 +3,9 @@
 steps, compute, slow_rank/slow_from (that rank computes 2x from that step on, and says when),
 ckpt_every/ckpt_x (rank 0 checkpoints for ckpt_x steps' compute every ckpt_every steps, the
 others wait in a barrier; then every rank evaluates for 3 steps' compute), stuck_rank/stuck_at
-(that rank sleeps forever in load_batch at that step). The end (destroy_process_group, which
-can take seconds on a busy machine) is announced as a phase, as work after the last step must be."""
+(that rank sleeps forever in load_batch at that step). The end (destroy_process_group and the
+interpreter's exit, which can take seconds on a busy machine) is announced as a phase, as work after
+the last step must be."""
 import sys
 import time
 
@@ -49,8 +50,10 @@ def main() -> None:
                 dist.all_reduce(torch.ones(1))
     print(f"rank {rank} done t={time.time():.2f}", flush=True)
     print("finished", flush=True)  # the same line from every rank: one console line
-    with phase("shutdown"):  # after the last step: for hang_timeout auto, not a stall
-        dist.destroy_process_group()
+    # After the last step: for hang_timeout auto, not a stall. Left open to the process's end:
+    # the interpreter's exit (torch's and gloo's teardown) took over 5 s on a loaded machine.
+    phase("shutdown").__enter__()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
