@@ -155,12 +155,7 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
         attempts.append(Attempt(number=number, hosts=tuple(p.host for p in start.plans),
                                 world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
                                 failure=attempt_failure(outcome), seconds=time.monotonic() - began))
-        backoff = next_backoff(attempts, launch.job.restarts, stopping=stop.signum is not None)
-        repeat = log.judge(outcome, number)
-        if backoff is not None and repeat:
-            console.say(f"not restarting: {repeat}")
-            backoff = None
-        log.attempt_ended(number, outcome, backoff, repeat, outcome.stop_reason if stop.signum is not None else None)
+        backoff = _restart_backoff(launch, attempts, outcome, stop, log)
         if backoff is None:
             return _finish(attempts, launch.console)
         dead = {lau.name: f"connection lost in attempt {number + 1}" for lau in outcome.launchers
@@ -174,6 +169,20 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
             log.emit("stop", why=f"{signal.Signals(signum).name} on the head before the restart")
             _finish(attempts, launch.console)
             return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
+
+
+def _restart_backoff(launch: Launch, attempts: list[Attempt], outcome: Outcome, stop: _Stop,
+                     log: HeadLog) -> float | None:
+    """The wait before the next attempt, or None: no restart (restarts used up, a stop, or a
+    failure that will repeat, said in one line); the attempt's end goes to the event log."""
+    number = attempts[-1].number
+    backoff = next_backoff(attempts, launch.job.restarts, stopping=stop.signum is not None)
+    repeat = log.judge(outcome, number)
+    if backoff is not None and repeat:
+        launch.console.say(f"not restarting: {repeat}")
+        backoff = None
+    log.attempt_ended(number, outcome, backoff, repeat, outcome.stop_reason if stop.signum is not None else None)
+    return backoff
 
 
 def _pause(seconds: float, stop: _Stop) -> bool:
