@@ -274,15 +274,18 @@ def _flush_files() -> None:
     """Flush every open writable file object: finalization would have flushed (and closed)
     the ones the script left open, such as a module-level ``log = open(...)``.
 
-    Text layers first, so their buffers reach the binary layer flushed after them."""
+    Text layers first, so their buffers reach the binary layer flushed after them. Tested by
+    the type alone: ``isinstance`` would read each object's ``__class__``, which some objects
+    answer with code (torch's deprecated ``reduce_op`` warns)."""
+    import _io
     import gc
-    import io
 
     text, binary = [], []
     for obj in gc.get_objects():
-        if isinstance(obj, io.TextIOBase):
+        kind = type(obj)
+        if issubclass(kind, _io._TextIOBase):
             text.append(obj)
-        elif isinstance(obj, io.BufferedIOBase):  # also gzip/bz2/lzma files: flushed, not closed
+        elif issubclass(kind, _io._BufferedIOBase):  # also gzip/bz2/lzma files: flushed, not closed
             binary.append(obj)
     for stream in (*text, *binary):
         try:

@@ -35,7 +35,17 @@ class Finalized:
         print("finalized", flush=True)
 
 
+class Touchy:
+    """Answers __class__ with code, as torch's deprecated reduce_op does: nobody may ask at exit."""
+
+    def __getattribute__(self, name: str) -> object:
+        if name == "__class__":
+            print("touched", flush=True)
+        return object.__getattribute__(self, name)
+
+
 keep = Finalized()
+touchy = Touchy()
 print("last line", end="")  # no newline, no flush: stdout must still be complete
 if how == "exit3":
     sys.exit(3)
