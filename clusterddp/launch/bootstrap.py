@@ -86,6 +86,7 @@ def arm_stack_dump() -> None:
 
 
 def main() -> NoReturn:
+    """The worker's entry: ``bootstrap.py SCRIPT ARGS`` or ``bootstrap.py -m MODULE ARGS``."""
     arm_stack_dump()
     _hide_from_orig_argv(command())
     run_main(sys.argv[1:])
@@ -128,22 +129,24 @@ def end(ending: Ending) -> NoReturn:
     """End the process as ``ending`` says, after what Python's shutdown does before it
     finalizes: join non-daemon threads, run atexit handlers, flush every stream."""
     status = ending.status
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        try:  # what Py_FinalizeEx calls first: waits for non-daemon threads, runs their hooks
-            threading._shutdown()
-        except BaseException:  # noqa: BLE001 (a Ctrl-C while waiting: go on ending, as Python)
-            pass
-    _run_atexit()
-    if not _flush_std():
-        status = 120  # as Python, when stdout cannot be flushed at exit
-    _flush_files()
-    _flush_c_stdio()
-    if ending.interrupted:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        status = 128 + signal.SIGINT  # if SIGINT did not end us: the shell's code for it
-    os._exit(status & 0xFF)
+    try:  # whatever happens meanwhile (a second Ctrl-C), the process never reaches finalization
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            try:  # what Py_FinalizeEx calls first: waits for non-daemon threads, runs their hooks
+                threading._shutdown()
+            except BaseException:  # noqa: BLE001 (a Ctrl-C while waiting: go on ending, as Python)
+                pass
+        _run_atexit()
+        if not _flush_std():
+            status = 120  # as Python, when stdout cannot be flushed at exit
+        _flush_files()
+        _flush_c_stdio()
+    finally:
+        if ending.interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            status = 128 + signal.SIGINT  # if SIGINT did not end us: the shell's code for it
+        os._exit(status & 0xFF)
 
 
 # -- the script as __main__ ---------------------------------------------------------------------
