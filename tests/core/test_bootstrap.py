@@ -77,3 +77,11 @@ def test_finalizers_do_not_run_at_exit(tmp_path: Path) -> None:
     direct, booted = _both([str(BIN / "ending.py"), str(tmp_path), "return"], tmp_path)
     assert "finalized" in direct.stdout
     assert "finalized" not in booted.stdout
+
+
+def test_a_syntax_error_reads_as_under_python(tmp_path: Path) -> None:
+    """A script that does not compile: the same lines as python (no 'Traceback' header, no frame), exit 1."""
+    (tmp_path / "broken.py").write_text("x = 1\ny = (\n")
+    direct, booted = _both(["broken.py"], tmp_path)
+    assert direct.returncode == booted.returncode == 1
+    assert booted.stderr == direct.stderr and "SyntaxError" in booted.stderr
