@@ -15,10 +15,14 @@ files in the run's log directory) is spelled here and nowhere else:
   its ranks' progress records change: ``progress_line`` / ``parse_progress`` (the head names
   the slow host from every host's records)
 - ``S`` on stdin, head -> remote launcher, "dump your stacks": ``STACKS_REQUEST_BYTE``
+- ``I``/``T``/``H``/``Q`` on stdin, head -> remote launcher, just before EOF: "the head got
+  SIGINT/SIGTERM/SIGHUP/SIGQUIT", so every host stops as a node that got it itself:
+  ``stop_request_byte`` / ``stop_requested``
 - ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
 - ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
 - SIGTERM, SIGINT, SIGHUP, SIGQUIT to a launcher or to the SSH head: stop the job in an
-  orderly way (``STOP_SIGNALS``; workers learn them as ``TORCHELASTIC_SIGNALS_TO_HANDLE``)
+  orderly way (``STOP_SIGNALS``; workers learn them as ``TORCHELASTIC_SIGNALS_TO_HANDLE``);
+  the workers get ``worker_stop_signal`` of it (Ctrl-C stays SIGINT), SIGKILL after the grace
 - variables the supervisor gives every worker: ``STACKS_FILE_ENV`` (the bootstrap dumps
   there), ``HEARTBEAT_FILE_ENV`` (``train.heartbeat()`` touches it), ``SUPERVISOR_ID_ENV``
   (the reaper finds the job's processes by it)
@@ -63,6 +67,8 @@ STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
 #: The signals a launcher (``launch/supervisor.py``) and the SSH head (``launch/ssh/fanout.py``)
 #: turn into an orderly stop of the job, exit 128+N (like torchrun's --signals-to-handle).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+#: What the stop byte on a remote launcher's stdin says the head received.
+_STOP_BYTES = {signal.SIGINT: b"I", signal.SIGTERM: b"T", signal.SIGHUP: b"H", signal.SIGQUIT: b"Q"}
 #: Real-time signal the worker bootstrap arms for stack dumps (SIGUSR1/2 belong to the script).
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 #: The file a worker's bootstrap appends its faulthandler dumps to.
@@ -82,6 +88,28 @@ DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
 #: the step), so the script reads these instead of trusting srun's status alone.
 RECORD_STARTED = "started"
 RECORD_EXIT = "exit"
+
+
+def worker_stop_signal(received: int | None) -> int:
+    """The signal that starts the workers' orderly stop when the launcher got ``received``
+    (None: a failure, a hang, a lost head): SIGINT stays SIGINT, so a script's ``except
+    KeyboardInterrupt`` runs on Ctrl-C as under ``python`` or torchrun; SIGTERM for the
+    others (SIGHUP's and SIGQUIT's default actions would end a worker without its cleanup,
+    SIGQUIT's with a core dump)."""
+    return signal.SIGINT if received == signal.SIGINT else signal.SIGTERM
+
+
+def stop_request_byte(signum: int) -> bytes:
+    """The byte the head writes to a launcher's stdin before EOF when it stops on ``signum``."""
+    return _STOP_BYTES[signal.Signals(signum)]
+
+
+def stop_requested(chunk: bytes) -> int | None:
+    """The stop signal a chunk of a launcher's stdin carries, None when it carries none."""
+    for signum, byte in _STOP_BYTES.items():
+        if byte in chunk:
+            return int(signum)
+    return None
 
 
 # -- lines on a remote launcher's stdout -------------------------------------------------------

@@ -5,8 +5,9 @@ Follows torch elastic's shape and wires small parts together: a worker group
 orphans and the job's cgroup reaped, done at most grace_period + TEARDOWN_SLACK after the
 first SIGTERM), the restart policy around it (``restart.py``), the SSH session's stdin and
 heartbeat (``watch.py``), and diagnostics (stacks, hang) as hooks (``diagnostics.py``).
-What stays here: the loop, signals turned into an orderly stop, the report naming the host,
-rank, log and last lines of the first failure, and the result line for the SSH head.
+What stays here: the loop, signals turned into an orderly stop (the workers get the signal
+the launcher got, Ctrl-C as SIGINT: ``protocol.worker_stop_signal``), the report naming the
+host, rank, log and last lines of the first failure, and the result line for the SSH head.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from clusterddp.launch.verdict import Failure, failure_of, will_repeat
 from clusterddp.launch.waker import Waker
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
-from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, write_launcher_file
+from clusterddp.protocol import (STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, worker_stop_signal,
+                                 write_launcher_file)
 from clusterddp.spec import RestartOnSpec
 from clusterddp.topology import Topology
 
@@ -236,7 +238,7 @@ class LocalSupervisor:
                 self.group.start(plan, self.options.first_attempt + attempt)
             root = self._supervise()
         finally:
-            self.group.teardown(patient=self.group.preempted())
+            self.group.teardown(patient=self.group.preempted(), signum=worker_stop_signal(self._stop_signal))
         return self.group.exits(), root
 
     def _supervise(self) -> WorkerExit | None:

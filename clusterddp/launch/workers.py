@@ -1,7 +1,7 @@
 """A group of N local workers: start, poll, teardown, close (torch elastic's PContext shape).
 
-Each worker runs in its own process group; teardown SIGTERMs every group, waits the grace
-period, then SIGKILLs the groups, the job's cgroup, process trees that left their group,
+Each worker runs in its own process group; teardown SIGTERMs every group (SIGINT after a
+Ctrl-C), waits the grace period, then SIGKILLs the groups, the job's cgroup, process trees that left their group,
 marked processes and orphans reparented to the launcher (its child subreaper), and ends at
 most grace_period + TEARDOWN_SLACK after the first SIGTERM. No signal handlers, no restarts:
 the supervisor decides when to start and when to stop.
@@ -220,12 +220,14 @@ class WorkerGroup:
 
     # -- teardown -------------------------------------------------------------------------------
 
-    def teardown(self, patient: bool = False) -> None:
-        """SIGTERM every group, wait the grace period, SIGKILL everything, reap; done at most
-        grace_period + TEARDOWN_SLACK after the first SIGTERM.
+    def teardown(self, patient: bool = False, signum: int = signal.SIGTERM) -> None:
+        """``signum`` to every group, wait the grace period, SIGKILL everything, reap; done at
+        most grace_period + TEARDOWN_SLACK after the first signal.
 
-        ``patient``: a worker was preempted and saved a checkpoint; its peers are most likely
-        saving or exiting too, so they get the grace period to finish before any SIGTERM.
+        ``signum``: SIGTERM, or the SIGINT of a Ctrl-C (``protocol.worker_stop_signal``), so a
+        script's ``except KeyboardInterrupt`` runs. ``patient``: a worker was preempted and
+        saved a checkpoint; its peers are most likely saving or exiting too, so they get the
+        grace period to finish before any signal.
         """
         trees = procs.descendants(w.proc.pid for w in self.workers if w.proc.poll() is None)
         self.poll()  # a worker that ended on its own is not "stopped by clusterddp"
@@ -235,7 +237,7 @@ class WorkerGroup:
         live = [w for w in self.workers if w.proc.poll() is None]
         grace_end = time.monotonic() + (self.grace_period if live else 0.0)
         for worker in live:
-            procs.signal_group(worker.pgid, signal.SIGTERM)
+            procs.signal_group(worker.pgid, signum)
         self._wait_workers(live, grace_end)
         self._kill_all(trees)
         deadline = grace_end + TEARDOWN_SLACK

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import cli, start_cli, wait_for, write_job
+from clusterddp.protocol import stop_request_byte, stop_requested, worker_stop_signal
+from tests.conftest import cli, cli_env, start_cli, wait_for, write_job
 
 
 def _alive(pid: int) -> bool:
@@ -241,3 +244,47 @@ def test_console_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch: 
     assert sink.label("h", 3, stderr=False).startswith(b"\033[") and b"[h rank 3] " in sink.label("h", 3, False)
     assert sink.label("h", 3, stderr=True) == b"[h rank 3] "
     assert ConsoleSink(prefix=False).label("h", 3, False) == b""
+
+
+@pytest.mark.parametrize("signum, handled", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated"),
+                                             (signal.SIGHUP, "terminated"), (signal.SIGQUIT, "terminated")])
+def test_a_stop_signal_reaches_the_workers_as_the_launcher_got_it(job_dir: Path, signum: int, handled: str) -> None:
+    """Ctrl-C reaches every worker as SIGINT (its except KeyboardInterrupt runs), the others as SIGTERM; exit 128+N."""
+    job = write_job(job_dir, script="keyboard_interrupt.py", args=[str(job_dir)], grace_period=5)
+    proc = start_cli("run", str(job))
+    assert wait_for(lambda: len(list(job_dir.glob("rank*.ready"))) == 2)
+    pids = _pids(job_dir, "rank*.ready")
+    proc.send_signal(signum)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum, err
+    assert sorted(p.name for p in job_dir.glob(f"rank*.{handled}")) == [f"rank0.{handled}", f"rank1.{handled}"], err
+    assert not list(job_dir.glob("rank*.terminated" if handled == "interrupted" else "rank*.interrupted"))
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("received, sent", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                            (signal.SIGHUP, signal.SIGTERM), (signal.SIGQUIT, signal.SIGTERM),
+                                            (None, signal.SIGTERM)])
+def test_the_workers_stop_signal_and_the_heads_stop_byte(received: int | None, sent: int) -> None:
+    """SIGINT stays SIGINT, the rest (and a failure) SIGTERM; the head's stop byte names what it got."""
+    assert worker_stop_signal(received) == sent
+    if received is not None:
+        assert stop_requested(b"\n\n" + stop_request_byte(received)) == received
+    assert stop_requested(b"\n\nS\n") is None
+
+
+def test_the_heads_stop_byte_reaches_the_workers_as_its_signal(job_dir: Path) -> None:
+    """A launcher under the SSH head (--watch-stdin) reading the SIGINT byte, then EOF: workers get SIGINT, exit 130."""
+    job = write_job(job_dir, script="keyboard_interrupt.py", args=[str(job_dir)], grace_period=5)
+    with open(job_dir / "launcher.err", "w+") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", str(job), "--watch-stdin"],
+                                env=cli_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr)
+        assert proc.stdin is not None
+        assert wait_for(lambda: len(list(job_dir.glob("rank*.ready"))) == 2)
+        proc.stdin.write(b"\n" + stop_request_byte(signal.SIGINT))
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        err = (job_dir / "launcher.err").read_text()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert len(list(job_dir.glob("rank*.interrupted"))) == 2, err
+    assert "the head received SIGINT" in err

@@ -91,6 +91,25 @@ def test_worker_failure_on_node_two(cluster: SlurmCluster, tmp_path: Path) -> No
     assert left == {}, f"processes left on nodes: {left}"
 
 
+def test_scancel_reaches_every_rank_as_sigterm(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """scancel of a running job: every rank gets SIGTERM (its handler runs, no KeyboardInterrupt), nothing left."""
+    out = tmp_path / "stopped"
+    out.mkdir()
+    job = write_job(tmp_path, "cancelled", REPO / "tests" / "bin" / "keyboard_interrupt.py", args=[str(out)])
+    job_id = submit(cluster, job)
+    deadline = time.monotonic() + 180
+    while len(list(out.glob("rank*.ready"))) < 4:
+        assert time.monotonic() < deadline, batch_log(job, job_id)
+        time.sleep(0.1)
+    cluster.command("scancel", job_id)
+    info = cluster.wait_state(job_id, DONE, timeout=120)
+    assert info["JobState"] == "CANCELLED", batch_log(job, job_id)
+    assert sorted(p.name for p in out.glob("rank*.terminated")) == [f"rank{r}.terminated" for r in range(4)], \
+        batch_log(job, job_id)
+    assert not list(out.glob("rank*.interrupted"))
+    assert cluster.wait_clean(15) == {}
+
+
 #: jobs/cifar10.py, small: ResNet-18 of width 8 on generated images, no loader processes
 #: (a mid-epoch resume is then exact), checkpoints in OUT/checkpoints/last.pt.
 CIFAR10 = REPO / "jobs" / "cifar10.py"

@@ -101,6 +101,23 @@ def test_head_signal_stops_every_host(lab4: SSHLab, head_factory, signum: int) -
     assert code == 128 + signum, head.output()
 
 
+def test_ctrl_c_on_the_head_reaches_every_rank_as_keyboard_interrupt(lab4: SSHLab, head_factory,
+                                                                     tmp_path: Path) -> None:
+    """SIGINT to the head: every rank on every host runs its except KeyboardInterrupt; exit 130, nothing left."""
+    out = tmp_path / "interrupted"
+    out.mkdir()
+    job = write_job(lab4, str(REPO / "tests" / "bin" / "keyboard_interrupt.py"), args=[str(out)])
+    head = head_factory(str(job), "--hostfile", str(lab4.hostfile))
+    head.wait_for(r"ready rank", count=8)
+    head.signal(signal.SIGINT)
+    _assert_clean(lab4, 10)
+    code = head.finish(30)
+    ran = sorted(p.name for p in out.glob("rank*.interrupted"))
+    print(f"SIGINT to the head: {len(ran)} of 8 ranks ran except KeyboardInterrupt, exit {code}")
+    assert ran == [f"rank{r}.interrupted" for r in range(8)], head.output()
+    assert code == 128 + signal.SIGINT, head.output()
+
+
 def test_head_kill9_remote_workers_gone(lab4: SSHLab, head_factory) -> None:
     """kill -9 of the head: the hosts see their sessions end and stop within 10 s."""
     job = write_job(lab4, "wait_forever.py")

@@ -12,7 +12,8 @@ head spends per host is one paramiko transport thread plus a few syscalls per li
 Teardown is layered, each layer covering the failure of the one before (``Teardown`` runs
 layers 1 and 2):
 
-1. the head closes each launcher's stdin (EOF): the launcher stops its workers and reports;
+1. the head closes each launcher's stdin (EOF), after a byte naming the signal when it got
+   one: the launcher stops its workers (with that signal, as a launcher that got it) and reports;
 2. hosts still running ``grace + 2`` s later get ``kill -TERM -- -PGID`` over a new channel
    (or a new connection), then ``-KILL`` 2 s after that;
 3. a host the head cannot reach stops on its own: its launcher sees no heartbeat for 6 s;
@@ -47,7 +48,7 @@ from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
 from clusterddp.events import EventLog
 from clusterddp.progress import RankProgress, parse_record
 from clusterddp.protocol import (PROGRESS_MARKER, RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_progress,
-                                 parse_stacks, write_stacks_report)
+                                 parse_stacks, stop_request_byte, write_stacks_report)
 from clusterddp.stackreport import HostStacks
 from clusterddp.straggler import StragglerWatch
 
@@ -157,14 +158,14 @@ class Relay:
 
     def _decide(self) -> None:
         if self.stop_reason is not None:
-            self.teardown.begin(self.launchers)
+            self.teardown.begin(self.launchers, self.stop_signal)
             return
         if self.hang_host is not None and not self._hang_reported:
             return  # the other hosts are being asked where their ranks are; _stacks_step stops the job
         failed = unhandled_failure(self.launchers)
         if failed is not None:
             self.request_stop(failure_reason(failed))
-            self.teardown.begin(self.launchers)
+            self.teardown.begin(self.launchers, self.stop_signal)
 
     # -- the slow host ---------------------------------------------------------------------
 
@@ -282,14 +283,18 @@ class Teardown:
     def started(self) -> bool:
         return self.started_at is not None
 
-    def begin(self, launchers: Sequence[RemoteLauncher]) -> None:
-        """EOF on every running launcher's stdin: it stops its workers and reports."""
+    def begin(self, launchers: Sequence[RemoteLauncher], signum: int | None = None) -> None:
+        """EOF on every running launcher's stdin: it stops its workers and reports. ``signum``:
+        the stop signal the head got, written just before the EOF, so every host passes it on
+        to its workers as it would had it got the signal itself."""
         if self.started_at is not None:
             return
         self.started_at = time.monotonic()
         for launcher in launchers:
             if not launcher.done:
                 launcher.eof_sent = True
+                if signum is not None:
+                    io.send(launcher, stop_request_byte(signum))
                 try:
                     launcher.channel.shutdown_write()
                 except (OSError, EOFError, Exception):  # noqa: BLE001
