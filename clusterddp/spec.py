@@ -130,6 +130,12 @@ class JobSpec:
     #: Seconds without progress before a hang is declared, or "auto": learnt from the steps
     #: (clusterddp.hang.StepBudget, docs/diagnose.md).
     hang_timeout: Union[float, Literal["auto"], None] = field(default=None, metadata=check(_hang_timeout))
+    #: Fork the workers of every attempt from one interpreter per node that imported torch
+    #: (launch/warm.py): ``auto`` when the entry imports torch itself or ``preload`` is given.
+    warm_start: Union[bool, Literal["auto"]] = "auto"
+    #: Modules that interpreter imports besides torch (``[torchvision]``); none may start a
+    #: thread or CUDA (then every worker starts cold, with one line saying why).
+    preload: tuple[str, ...] = field(default=(), metadata=check_each(module_problem))
     logs: LogsSpec = field(default_factory=LogsSpec)
     ssh: SSHSpec = field(default_factory=SSHSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)

@@ -10,7 +10,7 @@ from typing import Mapping
 from clusterddp.envs import Overrides, detect
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch import plan as planning
-from clusterddp.launch import runlock
+from clusterddp.launch import runlock, warm
 from clusterddp.launch.record import LaunchRecord, exit_code_of
 from clusterddp.launch.logs import say
 from clusterddp.launch.rendezvous import master_wait, wait_for_master
@@ -56,6 +56,8 @@ def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
         run_dir=run_dir,
         restart_on=job.restart_on,
         restarted_outside=topology.restart_count is not None,
+        warm_start=warm.wanted(job.warm_start, job.entry_argv(), planning.workdir(job, os.getcwd()), job.preload),
+        preload=job.preload,
     )
 
 

@@ -32,10 +32,14 @@ def run_dir(job: JobSpec, topology: Topology, cwd: str) -> str:
     return os.path.join(cwd, job.logs.dir, topology.run_id)
 
 
+def workdir(job: JobSpec, cwd: str) -> str:
+    """Where the workers run: the job's ``workdir`` (from the launcher's cwd), else that cwd."""
+    return os.path.abspath(os.path.join(cwd, job.workdir)) if job.workdir else cwd
+
+
 def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], cwd: str) -> list[WorkerPlan]:
     """One WorkerPlan per local rank, its environment's inputs in a ``WorkerEnv`` (whose
     ``build`` is the one writer of a worker's variables)."""
-    workdir = os.path.abspath(os.path.join(cwd, job.workdir)) if job.workdir else cwd
     logs = run_dir(job, topology, cwd)
     argv = (interpreter(job), *bootstrap.command(), *job.entry_argv())
     share = max(1, cpu_count() // topology.nproc_per_node)
@@ -51,7 +55,7 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
                         error_file=error_file, stacks_file=os.path.join(logs, f"rank{rank}.stacks"),
                         heartbeat_file=os.path.join(logs, f"rank{rank}.heartbeat"),
                         device=virtual_device(job, local_rank, gpus) if job.virtual_local_rank else None)
-        plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir,
+        plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir(job, cwd),
                                 log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file,
                                 cpus=cpus))
     return plans

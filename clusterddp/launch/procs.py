@@ -28,7 +28,7 @@ import ctypes
 import os
 import signal
 import subprocess
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import IO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.launch import cgroup as cgroups
 from clusterddp.protocol import SUPERVISOR_ID_ENV
@@ -68,15 +68,17 @@ def _die_with_parent(parent_pid: int, join: Callable[[], None] | None,
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str,
           cgroup: "cgroups.JobCgroup | None" = None,
-          cpus: tuple[int, ...] | None = None) -> subprocess.Popen[bytes]:
+          cpus: tuple[int, ...] | None = None, pass_fds: tuple[int, ...] = (),
+          output: "int | IO[bytes]" = subprocess.PIPE) -> subprocess.Popen[bytes]:
     """Start one worker in its own session (and the job's cgroup), piped, killed by the
-    kernel if we die."""
+    kernel if we die. ``pass_fds`` and ``output`` (stdout and stderr): for the zygote
+    (warm.py), which keeps its socket and writes to its own log."""
     parent = os.getpid()
     join = cgroup.join_from_child if cgroup is not None else None
     return subprocess.Popen(
         list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=lambda: _die_with_parent(parent, join, cpus), close_fds=True,
+        stdout=output, stderr=output, start_new_session=True,
+        preexec_fn=lambda: _die_with_parent(parent, join, cpus), close_fds=True, pass_fds=pass_fds,
     )
 
 

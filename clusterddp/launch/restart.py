@@ -1,8 +1,9 @@
 """The restart policy of the local group, and the launcher's exit code: pure, plain data in.
 
 ``restarts: N`` restarts this node's group after a failure (a worker's non-zero exit, or a
-hang: exitcodes.HANG, as the SSH head restarts the whole job after one), with an exponential
-backoff (1 s, 2 s, 4 s, ... up to MAX_BACKOFF), except for exits a restart cannot fix.
+hang: exitcodes.HANG, as the SSH head restarts the whole job after one), at once the first
+time, then with an exponential backoff (1 s, 2 s, 4 s, ... up to MAX_BACKOFF), except for
+exits a restart cannot fix.
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ def end_reason(policy: RestartPolicy, restarts_done: int, failure: int | None, s
 
 
 def backoff_seconds(restarts_done: int) -> float:
-    """1 s, 2 s, 4 s ... at most MAX_BACKOFF: the pause before restart ``restarts_done + 1``."""
-    return min(float(2 ** min(restarts_done, 16)), MAX_BACKOFF)
+    """No pause before the first restart, then 1 s, 2 s, 4 s ... at most MAX_BACKOFF: the pause
+    before restart ``restarts_done + 1``. Backoff is for crash loops: one fault (a killed
+    rank, a lost host) is restarted at once; only a failure that keeps coming waits."""
+    if restarts_done <= 0:
+        return 0.0
+    return min(float(2 ** min(restarts_done - 1, 16)), MAX_BACKOFF)
 
 
 def exit_code(root: WorkerExit | None, exits: Sequence[WorkerExit], hang: bool, stop_signal: int | None) -> int:

@@ -27,6 +27,7 @@ from clusterddp.launch.restart import AttemptEnd, RestartPolicy, end_reason, exi
 from clusterddp.launch.runlog import RunLog
 from clusterddp.launch.verdict import Failure, failure_of, will_repeat
 from clusterddp.launch.waker import Waker
+from clusterddp.launch.warm import WarmStart
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
 from clusterddp.protocol import (STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, worker_stop_signal,
@@ -66,6 +67,9 @@ class SupervisorOptions:
     #: The job is restarted as a whole from outside (the SSH head, the batch script,
     #: OpenPAI): this node's events say that the restart is not its decision.
     restarted_outside: bool = False
+    #: Fork the workers from a warm interpreter (warm.py; the job's ``warm_start`` applied).
+    warm_start: bool = False
+    preload: tuple[str, ...] = ()
 
 
 class LocalSupervisor:
@@ -78,7 +82,9 @@ class LocalSupervisor:
         self.options = options
         self.console = ConsoleSink(prefix=options.prefix, ranks=options.console_ranks, merge=options.merge)
         self.console.merging([plan.rank for plan in plans])
-        self.group = WorkerGroup(topology.host, options.grace_period, self.console)
+        warm = WarmStart(options.preload, self.console.say, lambda: self._stop_reason is not None) \
+            if options.warm_start else None
+        self.group = WorkerGroup(topology.host, options.grace_period, self.console, warm)
         self.policy = RestartPolicy(options.restarts)
         # events.jsonl when this launcher is the run's only one, else events.node<K>.jsonl
         alone = topology.nnodes == 1 and not options.watch_stdin

@@ -23,6 +23,7 @@ from clusterddp.launch.cgroup import JobCgroup
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
 from clusterddp.launch.reaper import Reaper
 from clusterddp.launch.report import WorkerExit, read_error_file
+from clusterddp.launch.warm import ForkedProcess, WarmStart
 from clusterddp.launch.workerenv import WorkerEnv
 from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, restart_marker
 
@@ -68,7 +69,8 @@ class Worker:
     plan: WorkerPlan
     #: The environment it was started with, as ``WorkerEnv.build`` wrote it.
     env: Mapping[str, str]
-    proc: subprocess.Popen[bytes]
+    #: A cold worker's Popen, or the ForkedProcess of a warm one (both the launcher's child).
+    proc: subprocess.Popen[bytes] | ForkedProcess
     output: WorkerOutput
     pgid: int
     exit: WorkerExit | None = None
@@ -99,14 +101,22 @@ class _Orphans:
     def kill(self) -> None:
         procs.kill_pids(self.adopted)
 
+    def keep(self, pid: int) -> None:
+        """A child of the launcher that is no orphan (the zygote): left alone, but it dies
+        with a launcher killed by SIGKILL."""
+        self.not_adopted.add(pid)
+        self.reaper.watch(pid)
+
 
 class WorkerGroup:
     """The workers of one attempt on this node, and what their teardown must reach."""
 
-    def __init__(self, host: str, grace_period: float, console: ConsoleSink) -> None:
+    def __init__(self, host: str, grace_period: float, console: ConsoleSink, warm: WarmStart | None = None) -> None:
         self.host = host
         self.grace_period = grace_period
         self.console = console
+        #: Forks workers from a warm interpreter while it serves (warm.py); None: always cold.
+        self.warm = warm
         self.marker = procs.new_marker()
         self.workers: list[Worker] = []
         self._cgroup: JobCgroup | None = None
@@ -130,6 +140,8 @@ class WorkerGroup:
         """Remove the cgroup and stop the reaper (after the last teardown)."""
         if self._cgroup is not None:
             self._cgroup.remove(time.monotonic() + 1.0)
+        if self.warm is not None:
+            self.warm.close()
         if self._reaper is not None:
             self._reaper.close()
 
@@ -149,7 +161,8 @@ class WorkerGroup:
         if attempt > 0:
             _mark_attempt(plan.log, attempt)
         output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
-        proc = procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
+        forked = self.warm.spawn(plan, env, self._cgroup, self._orphans.keep) if self.warm and self._orphans else None
+        proc = forked or procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
         self._reaper.watch(proc.pid)
         output.pump(proc.stdout, proc.stderr)
         self.workers.append(Worker(plan=plan, env=env, proc=proc, output=output, pgid=proc.pid, stale_error_file=stale))

@@ -17,18 +17,18 @@ def _exit(returncode: int, rank: int = 0) -> WorkerExit:
 
 @pytest.mark.parametrize("restarts, done, returncode, stopping, expected", [
     (0, 0, 1, False, None),                          # no restarts allowed
-    (3, 0, 1, False, 1.0),                           # first restart after 1 s
-    (3, 1, 1, False, 2.0),                           # then 2 s
-    (3, 2, -signal.SIGSEGV, False, 4.0),             # a signal is restarted too
+    (3, 0, 1, False, 0.0),                           # the first restart at once
+    (3, 1, 1, False, 1.0),                           # then after 1 s (a crash loop)
+    (3, 2, -signal.SIGSEGV, False, 2.0),             # a signal is restarted too
     (3, 3, 1, False, None),                          # restarts used up
     (3, 0, 1, True, None),                           # the launcher is stopping
     (3, 0, exitcodes.PREEMPTED, False, None),        # the scheduler requeues
     (3, 0, exitcodes.NONFINITE_LOSS, False, None),   # same state, same NaN
     (100, 10, 1, False, MAX_BACKOFF),                # the backoff is capped
-    (1, 0, exitcodes.HANG, False, 1.0),              # a hang is a failure, restarted too
+    (1, 0, exitcodes.HANG, False, 0.0),              # a hang is a failure, restarted too
 ])
 def test_backoff(restarts: int, done: int, returncode: int, stopping: bool, expected: float | None) -> None:
-    """Restart after 2**n seconds (capped) until the restarts are used up, never for 75, 65 or a stop."""
+    """Restart at once, then after 2**(n-1) seconds (capped) until the restarts are used up, never for 75, 65 or a stop."""
     assert RestartPolicy(restarts).backoff(done, _exit(returncode).exit_code, stopping) == expected
 
 

@@ -1,0 +1,324 @@
+"""The launcher's side of the warm interpreter (``zygote.py``): start it, wait for it, ask
+it for workers, and fall back to a cold start, with one line, whenever it cannot serve.
+
+Why: every cold worker imports torch again (1-2 s of CPU each, all at once on a node with 8
+workers), and so does every restart. The zygote imports it once per node and forks each
+worker of every attempt with that attempt's environment (``WorkerEnv.build``, unchanged).
+
+How a forked worker stays a worker the supervisor knows (docs/warm-start.md):
+
+- it is the launcher's child (a double fork, the launcher a child subreaper), so the group
+  waits for it by pid as for a cold one: ``ForkedProcess`` is the ``Popen`` of such a child;
+- its stdio are pipes the launcher makes here and passes over the socket (SCM_RIGHTS); the
+  launcher keeps the read ends for ``WorkerOutput``, as a cold worker's ``Popen`` pipes;
+- the zygote lives outside the job's cgroup (a teardown kills the cgroup) and without the
+  launcher's marker (a teardown kills marked processes); it dies with the launcher
+  (PDEATHSIG) and the reaper knows its group.
+
+When to use it (``warm_start:``): ``auto`` when the entry script imports torch itself (it
+would pay the import anyway, so waiting for the zygote is never slower than a cold start) or
+the job names ``preload:``; ``true`` always; ``false`` never.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+
+from clusterddp.launch import procs
+from clusterddp.launch import zygote as frames
+from clusterddp.protocol import SUPERVISOR_ID_ENV
+
+if TYPE_CHECKING:
+    from clusterddp.launch.cgroup import JobCgroup
+
+#: Longest wait for the zygote's import of torch and the preloads before a cold start.
+READY_TIMEOUT = 120.0
+#: Longest wait for one fork (the zygote answers in milliseconds when healthy).
+FORK_TIMEOUT = 10.0
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+
+
+class ZygoteLost(Exception):
+    """The zygote cannot serve (died, stopped, refused): the message is the one line said."""
+
+
+@dataclass
+class ForkedProcess:
+    """A worker forked by the zygote and reparented to the launcher: what ``WorkerGroup``
+    uses of ``subprocess.Popen``, on a pid that is the launcher's child."""
+
+    pid: int
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (``-N`` for signal N, as Popen), or None while it runs."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: no status left to read
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def wanted(mode: bool | str, entry: Sequence[str], cwd: str, preload: Sequence[str]) -> bool:
+    """``warm_start:`` applied: ``auto`` is on when ``preload:`` is given or the entry (the
+    script, or ``-m``'s module file found under ``cwd``) imports torch itself."""
+    if mode is True or mode is False:
+        return mode
+    if preload:
+        return True
+    return imports_torch(entry_file(entry, cwd))
+
+
+def entry_file(entry: Sequence[str], cwd: str) -> str | None:
+    """The file a worker runs: ``SCRIPT`` (relative to cwd), or ``-m`` MODULE's file under
+    cwd (``pkg/mod.py`` or ``pkg/mod/__main__.py``); None when not found without importing."""
+    if not entry:
+        return None
+    if entry[0] != "-m":
+        return os.path.join(cwd, entry[0])
+    if len(entry) < 2:
+        return None
+    base = os.path.join(cwd, *entry[1].split("."))
+    for path in (base + ".py", os.path.join(base, "__main__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def imports_torch(path: str | None) -> bool:
+    """True when the file has an ``import torch...`` or ``from torch... import`` anywhere."""
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(2_000_000), path)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "torch":
+            return True
+    return False
+
+
+@dataclass
+class Zygote:
+    """One running zygote and the launcher's end of its socket."""
+
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    #: Said once when it stops serving (None: serving, or still warming up).
+    lost: str | None = None
+    ready: bool = False
+    #: Seconds it took to import torch and the preloads.
+    warm_seconds: float | None = None
+    _prefix: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def start(cls, python: str, bootstrap_cmd: Sequence[str], env: Mapping[str, str],
+              preload: Sequence[str], log: str | None) -> "Zygote":
+        """Start it (its own session, killed with the launcher, outside the job's cgroup);
+        raise ZygoteLost when it cannot be started."""
+        if not os.path.isfile(ZYGOTE):
+            raise ZygoteLost("the launcher runs from an archive (no zygote.py on disk)")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            out = open(log, "ab") if log else subprocess.DEVNULL
+        except OSError:
+            out = subprocess.DEVNULL
+        try:
+            proc = procs.spawn([python, ZYGOTE, str(theirs.fileno()), *preload], env, os.getcwd(),
+                               pass_fds=(theirs.fileno(),), output=out)
+        except OSError as exc:
+            ours.close()
+            raise ZygoteLost(f"cannot start it: {exc.strerror or exc}") from None
+        finally:
+            theirs.close()
+            if not isinstance(out, int):
+                out.close()
+        return cls(proc, ours, _prefix=(python, *bootstrap_cmd))
+
+    def wait_ready(self, stopping: Callable[[], bool], timeout: float = READY_TIMEOUT) -> None:
+        """Until it has imported torch and the preloads; ZygoteLost saying why it cannot serve
+        (unsafe to fork, an import failed, it died, it took too long)."""
+        if self.ready:
+            return
+        if self.lost:
+            raise ZygoteLost(self.lost)
+        deadline = time.monotonic() + timeout
+        while not self._readable(0.05):
+            if stopping():
+                self._lose("the launcher is stopping")
+            if time.monotonic() >= deadline:
+                self._lose(f"it was not ready after {timeout:.0f} s")
+        message = self._receive("while importing torch")
+        if not message.get("ready"):
+            self._lose(str(message.get("why") or "it refused"))
+        self.ready = True
+        self.warm_seconds = float(message.get("seconds") or 0.0)
+
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
+             cgroup: str | None) -> ForkedProcess:
+        """A new worker of ``argv`` (the cold command line: interpreter, bootstrap, entry), with
+        this environment, cwd, CPUs, in this cgroup; ZygoteLost when the zygote cannot."""
+        if tuple(argv[:len(self._prefix)]) != self._prefix:
+            raise ZygoteLost("the worker's command is not the bootstrap's")
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
+                       "cgroup": cgroup, "launcher": os.getpid()}
+            try:
+                frames.send(self.sock, request, [null, out_w, err_w])
+            except OSError as exc:
+                self._lose(f"it {self._how_gone()} before a fork" if self._exited()
+                           else f"its socket failed: {exc.strerror or exc}")
+            if not self._readable(FORK_TIMEOUT):
+                self._lose(f"no answer to a fork within {FORK_TIMEOUT:.0f} s")
+            reply = self._receive("while forking a worker")
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            for fd in (null, out_w, err_w):
+                os.close(fd)
+        if "pid" not in reply:
+            os.close(out_r)
+            os.close(err_r)
+            self._lose(f"fork failed: {reply.get('error')}")
+        return ForkedProcess(int(reply["pid"]), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+
+    def close(self) -> None:
+        """Stop it: EOF on its socket ends it; SIGKILL in case it is stopped or busy."""
+        self.sock.close()
+        procs.signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _readable(self, timeout: float) -> bool:
+        try:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+        except (OSError, ValueError):
+            return True  # a closed socket: the receive says so
+        return bool(ready)
+
+    def _receive(self, doing: str) -> dict[str, Any]:
+        try:
+            message, _fds = frames.receive(self.sock)
+        except (OSError, ValueError) as exc:
+            self._lose(f"its socket failed {doing}: {exc}")
+        if message is None:
+            self._lose(f"it {self._how_gone()} {doing}")
+        assert message is not None
+        return message
+
+    def _exited(self) -> bool:
+        """True once it has exited (a broken socket: it is on its way out, give it a second)."""
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _how_gone(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "closed its socket"
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with {code}"
+
+    def _lose(self, why: str) -> None:
+        """Stop serving for good: the zygote is stopped, the line kept, ZygoteLost raised."""
+        self.lost = why
+        self.close()
+        raise ZygoteLost(why)
+
+
+class _Plan(Protocol):
+    """What a worker's plan (workers.WorkerPlan) says of how to start it."""
+
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+    @property
+    def cwd(self) -> str: ...
+    @property
+    def cpus(self) -> tuple[int, ...] | None: ...
+    @property
+    def log(self) -> str: ...
+
+
+@dataclass
+class WarmStart:
+    """A worker group's zygote across attempts: started at the first worker, used while it
+    serves; after the first problem every worker starts cold, and one line says why."""
+
+    preload: tuple[str, ...]
+    say: Callable[[str], None]
+    #: True once the supervisor is stopping: no point waiting for the zygote then.
+    stopping: Callable[[], bool]
+    zygote: Zygote | None = None
+    off: bool = False
+
+    def spawn(self, plan: "_Plan", env: Mapping[str, str], cgroup: "JobCgroup | None",
+              started: Callable[[int], None]) -> ForkedProcess | None:
+        """``plan``'s worker forked with ``env``, or None: start it cold (said once).
+        ``started`` is told the zygote's pid when it starts (the reaper, the orphan count)."""
+        if self.off:
+            return None
+        try:
+            if self.zygote is None:
+                zygote_env = {k: v for k, v in env.items() if k != SUPERVISOR_ID_ENV}  # a teardown kills marked ones
+                log = os.path.join(os.path.dirname(plan.log), f"zygote.node{env.get('GROUP_RANK', '0')}.log")
+                self.zygote = Zygote.start(plan.argv[0], _bootstrap_command(), zygote_env, self.preload, log)
+                started(self.zygote.proc.pid)
+            self.zygote.wait_ready(self.stopping)
+            return self.zygote.fork(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None)
+        except ZygoteLost as exc:
+            self.off = True
+            if not self.stopping():
+                self.say(f"clusterddp: warm start off ({exc}): starting workers cold")
+            return None
+
+    def pid(self) -> int | None:
+        return self.zygote.proc.pid if self.zygote is not None and not self.off else None
+
+    def close(self) -> None:
+        if self.zygote is not None and self.zygote.lost is None:
+            self.zygote.close()
+
+
+def _bootstrap_command() -> list[str]:
+    from clusterddp.launch import bootstrap
+
+    return bootstrap.command()

@@ -1,0 +1,261 @@
+"""The warm interpreter of one node: import torch once, then fork each worker on request.
+
+``python .../clusterddp/launch/zygote.py FD [PRELOAD...]`` is started by the launcher
+(``warm.py``) by its path, like ``bootstrap.py``, under the job's interpreter, in its own
+session, dying with the launcher. It imports torch and the job's ``preload:`` modules and
+initialises nothing (no CUDA, no process group, no thread pool), checks that a fork is safe
+(no thread started beyond the ones ``import torch`` starts, CUDA not initialised), says so on
+the unix socket FD, and then serves one request per worker: an argv, environment, cwd, CPUs
+and cgroup as JSON, with the worker's stdin/stdout/stderr passed as descriptors
+(SCM_RIGHTS). Each worker is made by a double fork, so that it becomes the launcher's child:
+
+- the zygote forks an intermediate, which forks the worker and exits as soon as the worker
+  is in its own session (``setsid``), has its stdio and joined the job's cgroup;
+- the launcher is a child subreaper, so the orphaned worker is reparented to it: it is the
+  launcher's child like a cold one, and ``waitpid`` gives the supervisor its exit code or
+  signal exactly as for a cold worker (no status relayed over a socket, none lost when the
+  zygote dies);
+- the worker then ties ``PR_SET_PDEATHSIG`` to its new parent, the launcher (set earlier,
+  it would fire when the intermediate exits), and runs the script through ``bootstrap.main``,
+  the same function a cold worker runs, with ``sys.argv`` and ``sys.orig_argv`` of the cold
+  command line.
+
+Only the standard library is imported here besides torch and the preloads, and
+``bootstrap.py`` is loaded by its path as a private module (not in ``sys.modules``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+#: Seconds a new worker waits to be reparented to the launcher before it gives up.
+_REPARENT_WAIT = 10.0
+#: Request and reply frames: a 4-byte big-endian length, then that much JSON.
+_LENGTH = struct.Struct("!I")
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One frame; ``fds`` ride on its first bytes (the launcher's side shares this framing)."""
+    body = json.dumps(message).encode()
+    header = _LENGTH.pack(len(body))
+    if fds:
+        socket.send_fds(sock, [header], fds)
+    else:
+        sock.sendall(header)
+    sock.sendall(body)
+
+
+def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """One frame and the descriptors that came with it; (None, []) at EOF."""
+    header, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, max_fds) if max_fds \
+        else (sock.recv(_LENGTH.size), [], 0, None)
+    while header and len(header) < _LENGTH.size:
+        more = sock.recv(_LENGTH.size - len(header))
+        if not more:
+            break
+        header += more
+    if len(header) < _LENGTH.size:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    (size,) = _LENGTH.unpack(header)
+    chunks = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            return None, fds
+        chunks.append(chunk)
+        size -= len(chunk)
+    return json.loads(b"".join(chunks)), fds
+
+
+def _tasks() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def warm_up(preloads: list[str]) -> str | None:
+    """Import torch and the preloads; why a fork would be unsafe now (None: it is safe)."""
+    if not hasattr(os, "fork"):
+        return "this Python has no fork"
+    try:
+        import torch
+    except BaseException as exc:  # noqa: BLE001 (whatever the import raises: cold start)
+        return f"cannot import torch: {type(exc).__name__}: {exc}"
+    native = _tasks()  # the threads import torch starts (fork copies only this one)
+    for name in preloads:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001
+            return f"preload {name}: {type(exc).__name__}: {exc}"
+        if threading.active_count() > 1:
+            return f"preload {name} started a Python thread ({threading.active_count() - 1} running)"
+        if _tasks() > native:
+            return f"preload {name} started {_tasks() - native} native thread(s)"
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized():
+            return f"preload {name} initialised CUDA"
+    return None
+
+
+def serve(sock: socket.socket) -> dict[str, Any]:
+    """Fork a worker per request until the launcher closes the socket (then exit); returns
+    only in a new worker, with its request, ready to run the script."""
+    while True:
+        request, fds = receive(sock, max_fds=3)
+        if request is None:
+            os._exit(0)
+        try:
+            pid = _fork_worker(sock, request, fds)
+        except OSError as exc:
+            pid = -1
+            error = f"fork: {exc.strerror or exc}"
+        if pid == 0:
+            return request  # in the worker: its descriptors are its stdio now
+        for fd in fds:
+            os.close(fd)
+        send(sock, {"pid": pid} if pid > 0 else {"error": error})
+
+
+def _fork_worker(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
+    """Double fork: the worker's pid in the zygote, 0 in the worker (set up). The
+    intermediate exits once the worker says it is in its own session with its stdio and
+    cgroup, so the launcher never gets a pid without its process group."""
+    report_r, report_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = os.fork()
+    if middle == 0:
+        os.close(report_r)
+        _middle(sock, request, fds, report_w)
+        return 0  # only the worker gets here
+    os.close(report_w)
+    os.waitpid(middle, 0)  # it has exited: the worker is the launcher's child now
+    with os.fdopen(report_r, "rb") as report:
+        text = report.read()
+    if not text:
+        raise OSError(0, "the worker did not start")
+    return int(text)
+
+
+def _middle(sock: socket.socket, request: dict[str, Any], fds: list[int], report_w: int) -> None:
+    """In the intermediate: fork the worker (this returns in it, set up), tell the zygote its
+    pid once it is set up, exit."""
+    try:
+        ready_r, ready_w = os.pipe()
+        worker = os.fork()
+        if worker == 0:
+            try:
+                os.close(ready_r)
+                os.close(report_w)
+                sock.close()
+                _set_up(request, fds, ready_w)
+                os.close(ready_w)  # EOF: set up
+            except BaseException:  # noqa: BLE001 (never back into the zygote's loop)
+                os._exit(127)
+            return
+        os.close(ready_w)
+        os.read(ready_r, 1)
+        os.write(report_w, str(worker).encode())
+    except BaseException:  # noqa: BLE001
+        pass
+    os._exit(0)
+
+
+def _set_up(request: dict[str, Any], fds: list[int], keep: int) -> None:
+    """In the worker: what ``procs.spawn`` does between fork and exec for a cold worker, and
+    what a fresh interpreter would have (its stdio only, the worker's env, cwd and argv)."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.closerange(3, keep)  # every descriptor but its stdio, as exec of a cold worker leaves
+    os.closerange(keep + 1, _max_fd())
+    cgroup = request.get("cgroup")
+    if cgroup:
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+                procs.write("0")
+        except OSError:
+            pass  # as a cold worker: not fatal, the other layers still apply
+    cpus = request.get("cpus")
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
+    except (OSError, ValueError):
+        return os.sysconf("SC_OPEN_MAX")
+
+
+def become_worker(request: dict[str, Any]) -> None:
+    """In the worker, once the intermediate is gone: die with the launcher, take the
+    worker's environment, cwd and command line."""
+    middle = os.getppid()
+    launcher = int(request["launcher"])
+    deadline = time.monotonic() + _REPARENT_WAIT
+    while os.getppid() == middle and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    except OSError:
+        pass
+    if os.getppid() != launcher:  # the launcher died meanwhile (or never became our parent)
+        os._exit(1)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # a cold worker seeds it from the OS (random reseeds itself)
+        numpy_random.seed()
+    sys.argv = list(request["argv"][1:])
+    sys.orig_argv = list(request["argv"])
+
+
+def _bootstrap() -> types.ModuleType:
+    """``bootstrap.py`` next to this file, by its path, out of ``sys.modules``."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+    spec = importlib.util.spec_from_file_location("_clusterddp_bootstrap", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    began = time.monotonic()
+    unsafe = warm_up(sys.argv[2:])
+    try:
+        bootstrap = _bootstrap()
+    except (OSError, ImportError) as exc:
+        unsafe = unsafe or f"cannot load the bootstrap: {exc}"
+    send(sock, {"ready": unsafe is None, "why": unsafe, "seconds": round(time.monotonic() - began, 3)})
+    if unsafe is not None:
+        os._exit(0)
+    request = serve(sock)
+    become_worker(request)
+    bootstrap.main()
+
+
+if __name__ == "__main__":
+    main()

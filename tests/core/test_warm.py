@@ -1,0 +1,187 @@
+"""Workers forked by the warm interpreter (launch/warm.py, zygote.py): real processes, real gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterddp.launch.warm import entry_file, imports_torch, wanted
+from tests.conftest import BIN, cli, start_cli, wait_for, write_job
+
+#: What differs between any two runs of one job, warm or cold: the run's id, port, marker, pids.
+_PER_RUN = {"MASTER_PORT", "CLUSTERDDP_SUPERVISOR_ID", "pid", "ppid"}
+
+
+def _probe(tmp_path: Path, warm: bool) -> tuple[dict[str, Any], int]:
+    """Run probe_self.py on 2 workers; what rank 0 saw (run id made neutral) and the launcher's pid."""
+    tag = "warm" if warm else "cold"
+    job = write_job(tmp_path, name=tag, script="probe_self.py", args=[str(tmp_path), "x"], warm_start=warm)
+    proc = start_cli("run", str(job), "--run-id", f"probe-{tag}")
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "warm start off" not in err
+    text = (tmp_path / "rank0.x.json").read_text().replace(f"probe-{tag}", "RUN")
+    seen = json.loads(text)
+    seen["rank1_hash"] = json.loads((tmp_path / "rank1.x.json").read_text())["hash"]
+    os.unlink(tmp_path / "rank0.x.json")
+    return seen, proc.pid
+
+
+def test_a_warm_worker_cannot_be_told_from_a_cold_one(tmp_path: Path) -> None:
+    """argv, __main__, sys.path, env, signals, fds, cwd, umask, session, parent, PDEATHSIG, modules: the same warm and cold."""
+    cold, cold_launcher = _probe(tmp_path, warm=False)
+    warm, warm_launcher = _probe(tmp_path, warm=True)
+    assert cold["ppid"] == cold_launcher and warm["ppid"] == warm_launcher  # the launcher's child, both
+    assert warm["pdeathsig"] == cold["pdeathsig"] == signal.SIGKILL
+    assert warm["session_leader"] and warm["group_leader"]
+    assert "zygote.py" in " ".join(warm["cmdline"]) and "bootstrap.py" in " ".join(cold["cmdline"])
+    # What differs, by design (docs/warm-start.md): /proc/self/cmdline names the zygote, the
+    # ranks of one warm node share the str hash secret (one interpreter's), __loader__'s address.
+    assert warm["hash"] == warm["rank1_hash"]
+    assert cold["hash"] != cold["rank1_hash"]
+    for seen in (cold, warm):
+        for key in ("cmdline", "hash", "rank1_hash", *_PER_RUN):
+            seen.pop(key, None)
+        seen["env"] = {k: v for k, v in seen["env"].items() if k not in _PER_RUN}
+        seen["main"]["__loader__"] = seen["main"]["__loader__"].split(" object at ")[0]
+    assert set(warm["modules"]) == set(cold["modules"]), (set(warm["modules"]) ^ set(cold["modules"]))
+    for key in cold:
+        assert warm[key] == cold[key], key
+
+
+def _zygote_of(launcher: int) -> int | None:
+    """The launcher's child running zygote.py."""
+    try:
+        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except OSError:
+        return None
+    for pid in children:
+        try:
+            if b"zygote.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+def _attempt(tmp_path: Path, rank: int, attempt: int) -> dict[str, Any]:
+    return dict(json.loads((tmp_path / f"rank{rank}.attempt{attempt}.json").read_text()))
+
+
+def test_a_killed_zygote_falls_back_to_a_cold_start(tmp_path: Path) -> None:
+    """The zygote SIGKILLed before a restart: one line, the next attempt starts cold and succeeds, nothing left running."""
+    job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path)], restarts=1)
+    proc = start_cli("run", str(job))
+    try:
+        assert wait_for(lambda: (tmp_path / "rank1.attempt0.json").exists(), 120)
+        zygote = _zygote_of(proc.pid)
+        assert zygote is not None
+        os.kill(zygote, signal.SIGKILL)
+        (tmp_path / "go").touch()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "killed by SIGKILL" in err  # rank 1's own death, seen as for a cold worker
+    assert err.count("warm start off") == 1, err
+    assert "warm start off (it was killed by SIGKILL before a fork): starting workers cold" in err
+    assert all("zygote.py" in " ".join(_attempt(tmp_path, r, 0)["cmdline"]) for r in (0, 1))
+    assert all("bootstrap.py" in " ".join(_attempt(tmp_path, r, 1)["cmdline"]) for r in (0, 1))
+    assert _gone(zygote) and all(_gone(_attempt(tmp_path, r, a)["pid"]) for r in (0, 1) for a in (0, 1))
+
+
+def test_workers_and_zygote_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
+    """kill -9 of the launcher: the warm workers and the zygote are gone within seconds."""
+    job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path), "wait"])
+    proc = start_cli("run", str(job))
+    try:
+        assert wait_for(lambda: all((tmp_path / f"rank{r}.attempt0.json").exists() for r in (0, 1)), 120)
+        zygote = _zygote_of(proc.pid)
+        assert zygote is not None
+        workers = [_attempt(tmp_path, r, 0)["pid"] for r in (0, 1)]
+        assert all(_attempt(tmp_path, r, 0)["ppid"] == proc.pid for r in (0, 1))
+        proc.kill()
+        proc.communicate()
+        assert wait_for(lambda: _gone(zygote) and all(_gone(w) for w in workers), 10)
+    finally:
+        (tmp_path / "end").touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("module, why", [
+    ("starts_thread", "preload starts_thread started a Python thread (1 running)"),
+    ("no_such_module_here", "preload no_such_module_here: ModuleNotFoundError: No module named 'no_such_module_here'"),
+])
+def test_an_unsafe_or_missing_preload_starts_cold(tmp_path: Path, module: str, why: str) -> None:
+    """A preload that starts a thread, or fails to import: one line saying why, the workers start cold and succeed."""
+    (tmp_path / "starts_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    job = write_job(tmp_path, script="probe_self.py", args=[str(tmp_path), "x"], preload=[module],
+                    env={"PYTHONPATH": str(tmp_path)})
+    result = cli("run", str(job), timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("warm start off") == 1
+    assert f"warm start off ({why}): starting workers cold" in result.stderr
+    assert "bootstrap.py" in " ".join(json.loads((tmp_path / "rank0.x.json").read_text())["cmdline"])
+
+
+@pytest.mark.parametrize("mode, source, preload, expected", [
+    ("auto", "import torch\n", (), True),
+    ("auto", "from torch import nn\n", (), True),
+    ("auto", "def main():\n    import torch.distributed as dist\n", (), True),
+    ("auto", "import torchvision_like\nimport os\n", (), False),
+    ("auto", "import os\n", ("torchvision",), True),
+    (False, "import torch\n", ("torchvision",), False),
+    (True, "import os\n", (), True),
+])
+def test_warm_start_auto(tmp_path: Path, mode: bool | str, source: str, preload: tuple[str, ...],
+                         expected: bool) -> None:
+    """auto forks when the entry imports torch itself or preload is given; true and false decide alone."""
+    (tmp_path / "train.py").write_text(source)
+    assert wanted(mode, ["train.py", "--x"], str(tmp_path), preload) is expected
+
+
+def test_entry_file_of_a_module(tmp_path: Path) -> None:
+    """-m pkg.train is found as pkg/train.py (or pkg/train/__main__.py) under the workdir, without importing it."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text("import torch\n")
+    assert entry_file(["-m", "pkg.train"], str(tmp_path)) == str(tmp_path / "pkg" / "train.py")
+    assert imports_torch(entry_file(["-m", "pkg.train"], str(tmp_path)))
+    assert entry_file(["-m", "nowhere"], str(tmp_path)) is None
+    assert not imports_torch(str(BIN / "exit_with.py"))
+
+
+def test_restart_count_and_new_pids_per_attempt(tmp_path: Path) -> None:
+    """Each attempt's warm workers are new processes, the launcher's children, with their attempt's TORCHELASTIC_RESTART_COUNT."""
+    job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path)], restarts=1)
+    proc = start_cli("run", str(job))
+    try:
+        assert wait_for(lambda: (tmp_path / "rank1.attempt0.json").exists(), 120)
+        (tmp_path / "go").touch()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "warm start off" not in err
+    seen = [_attempt(tmp_path, r, a) for r in (0, 1) for a in (0, 1)]
+    assert len({s["pid"] for s in seen}) == 4 and all(s["ppid"] == proc.pid for s in seen)
+    assert all("zygote.py" in " ".join(s["cmdline"]) for s in seen)
+    assert "restarting the local group in 0s (restart 1 of 1)" in err
