@@ -11,9 +11,16 @@ the median and on the best run. The worker also records when it started and ende
 splits off exactly what the launcher adds: "start" is launch -> first worker running, "exit"
 is last worker done -> launcher gone.
 
-    .venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--sizes 2 4]
+"ready" is launch -> the last worker past its ``import torch`` (its first line after the
+imports); it is set beside one ``import torch`` timed in a fresh interpreter in the same round
+("import torch" row: the import alone, and the whole ``python -c 'import torch'`` process).
+"clusterddp" forks its workers from a warm interpreter (docs/warm-start.md); "clusterddp
+cold" is the same with ``warm_start: false``.
 
-Targets (issue 2): clusterddp <= 1.10x the floor; launcher RSS <= 60 MB.
+    .venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--sizes 2 4 8]
+
+Targets: clusterddp <= 1.10x the floor; launcher RSS <= 60 MB (issue 2); the workers ready
+within 1.2x one ``import torch`` for 2, 4 and 8 workers (issue 25).
 """
 
 from __future__ import annotations
@@ -57,10 +64,26 @@ def clusterddp(n: int, port: int) -> list[str]:
             "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs"), "--", str(WORKER), STAMPS]
 
 
-METHODS = {"floor (sh)": bare_shell, "torchrun": torchrun, "clusterddp": clusterddp}
+def clusterddp_cold(n: int, port: int) -> list[str]:
+    job = os.path.join(tempfile.gettempdir(), "clusterddp-bench-cold.yaml")
+    with open(job, "w") as f:
+        f.write(f"name: cold\nscript: {WORKER}\nargs: ['{STAMPS}']\nwarm_start: false\n")
+    return [sys.executable, "-m", "clusterddp", "run", job, "--nproc-per-node", str(n), "--master-port", str(port),
+            "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs")]
 
 
-def timed(argv: list[str]) -> tuple[float, int, float, float]:
+METHODS = {"floor (sh)": bare_shell, "torchrun": torchrun, "clusterddp": clusterddp, "clusterddp cold": clusterddp_cold}
+IMPORT_TORCH = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+
+
+def import_torch() -> tuple[float, float]:
+    """One ``import torch`` in a fresh interpreter: (the import alone, the whole process)."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", IMPORT_TORCH], capture_output=True, text=True, check=True).stdout
+    return float(out), time.perf_counter() - start
+
+
+def timed(argv: list[str]) -> tuple[float, int, float, float, float]:
     """Wall time, peak RSS of the top process (the launcher), and the launcher's start and
     exit overheads from the workers' own time stamps."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -90,42 +113,57 @@ def timed(argv: list[str]) -> tuple[float, int, float, float]:
         raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {err.decode()[-2000:]}")
     with open(STAMPS) as f:
         stamps = [tuple(map(float, line.split())) for line in f if line.strip()]
-    first_start = min(s for s, _ in stamps)
-    last_end = max(e for _, e in stamps)
-    return elapsed, peak[0], first_start - launched, ended - last_end
+    first_start = min(s for s, _r, _e in stamps)
+    last_ready = max(r for _s, r, _e in stamps)
+    last_end = max(e for _s, _r, e in stamps)
+    return elapsed, peak[0], first_start - launched, ended - last_end, last_ready - launched
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
     args = parser.parse_args()
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], int] = {}
     starts: dict[tuple[str, int], list[float]] = {}
     exits: dict[tuple[str, int], list[float]] = {}
+    ready: dict[tuple[str, int], list[float]] = {}
+    imports: list[float] = []
+    import_procs: list[float] = []
     port = PORT
     for n in args.sizes:
         timed(bare_shell(n, port))  # warm the page cache once
         port += 1
         for _ in range(args.rounds):
+            alone, whole = import_torch()
+            imports.append(alone)
+            import_procs.append(whole)
             for name, build in METHODS.items():
-                elapsed, peak, start_gap, exit_gap = timed(build(n, port))
+                elapsed, peak, start_gap, exit_gap, ready_gap = timed(build(n, port))
+                ready.setdefault((name, n), []).append(ready_gap)
                 port += 1
                 results.setdefault((name, n), []).append(elapsed)
                 starts.setdefault((name, n), []).append(start_gap)
                 exits.setdefault((name, n), []).append(exit_gap)
                 rss[(name, n)] = max(rss.get((name, n), 0), peak)
-    print(f"{'workers':>7}  {'method':<12} {'median s':>9} {'min s':>7} {'x floor (median)':>17} "
-          f"{'x floor (min)':>14} {'start ms':>9} {'exit ms':>8} {'launcher peak RSS':>18}")
+    torch_import = statistics.median(imports)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; import torch: {torch_import:.3f} s "
+          f"(median of {len(imports)}; the whole 'python -c \"import torch\"' process: "
+          f"{statistics.median(import_procs):.3f} s)")
+    print(f"{'workers':>7}  {'method':<15} {'median s':>9} {'min s':>7} {'x floor (median)':>17} "
+          f"{'x floor (min)':>14} {'start ms':>9} {'exit ms':>8} {'ready s':>8} {'ready/import':>13} "
+          f"{'launcher peak RSS':>18}")
     for n in args.sizes:
         floor = results[("floor (sh)", n)]
         for name in METHODS:
             times = results[(name, n)]
             median = statistics.median(times)
-            print(f"{n:>7}  {name:<12} {median:>9.3f} {min(times):>7.3f} {median / statistics.median(floor):>17.3f} "
+            ready_median = statistics.median(ready[(name, n)])
+            print(f"{n:>7}  {name:<15} {median:>9.3f} {min(times):>7.3f} {median / statistics.median(floor):>17.3f} "
                   f"{min(times) / min(floor):>14.3f} {statistics.median(starts[(name, n)]) * 1000:>9.0f} "
-                  f"{statistics.median(exits[(name, n)]) * 1000:>8.0f} {rss[(name, n)] / 2**20:>15.1f} MB")
+                  f"{statistics.median(exits[(name, n)]) * 1000:>8.0f} {ready_median:>8.3f} "
+                  f"{ready_median / torch_import:>13.2f} {rss[(name, n)] / 2**20:>15.1f} MB")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""Restart latency on one node, side by side: from a SIGKILL of a worker to the first completed
+step of the next attempt.
+
+Two gloo workers run benchmarks/kill_at_step.py; at step 20 of attempt 0 rank 1 records the
+wall time and SIGKILLs itself (`restarts: 1`, every other setting the job's default); rank 0
+of attempt 1 records when its first all_reduce completed. clusterddp (warm start, the
+default for a script that imports torch), clusterddp with `warm_start: false`, torchrun
+`--max-restarts 1`, and optionally another checkout's clusterddp (``--before /work/main``),
+on the same script, interleaved round by round so a busy moment hurts all alike.
+
+    .venv/bin/python benchmarks/restart_latency.py [--rounds 5] [--before /work/main]
+
+Target (issue 25): clusterddp's median <= 1.5 s on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "kill_at_step.py"
+
+
+def job_file(directory: str, out: str, warm: bool) -> str:
+    path = os.path.join(directory, f"job-{'warm' if warm else 'cold'}.yaml")
+    with open(path, "w") as f:
+        f.write(f"name: restart-latency\nscript: {WORKER}\nargs: ['{out}', '20']\nnproc_per_node: 2\n"
+                f"restarts: 1\nlogs: {{dir: '{directory}/logs'}}\n" + ("" if warm else "warm_start: false\n"))
+    return path
+
+
+def methods(directory: str, out: str, port: int, before: str | None) -> dict[str, tuple[list[str], str | None]]:
+    """name -> (argv, the checkout it runs from, None: this one)."""
+    found = {
+        "clusterddp": ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, True),
+                        "--master-port", str(port)], None),
+        "clusterddp cold": ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, False),
+                             "--master-port", str(port + 1)], None),
+        "torchrun": ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
+                      "--master-addr=127.0.0.1", f"--master-port={port + 2}", str(WORKER), out, "20"], None),
+    }
+    if before:
+        found["clusterddp before"] = ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, True),
+                                      "--master-port", str(port + 3)], before)
+    return found
+
+
+def latency(argv: list[str], out: str, checkout: str | None) -> float:
+    for name in ("killed", "resumed"):
+        if os.path.exists(os.path.join(out, name)):
+            os.unlink(os.path.join(out, name))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if checkout:
+        env["PYTHONPATH"] = checkout
+    proc = subprocess.run(argv, env=env, cwd=checkout or os.getcwd(), capture_output=True, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    with open(os.path.join(out, "killed")) as k, open(os.path.join(out, "resumed")) as r:
+        return float(r.read()) - float(k.read())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--before", help="another checkout's clusterddp, run beside (e.g. /work/main)")
+    args = parser.parse_args()
+    directory = tempfile.mkdtemp(prefix="restart-latency-")
+    out = os.path.join(directory, "stamps")
+    os.makedirs(out)
+    results: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for name, (argv, checkout) in methods(directory, out, 29900 + 10 * r, args.before).items():
+            results.setdefault(name, []).append(latency(argv, out, checkout))
+    print(f"2 gloo workers, rank 1 SIGKILLed at step 20, restarts 1; {args.rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'launcher':<18} {'median s':>9} {'min s':>7} {'max s':>7}  all")
+    for name, values in results.items():
+        print(f"{name:<18} {statistics.median(values):>9.2f} {min(values):>7.2f} {max(values):>7.2f}  "
+              + " ".join(f"{v:.2f}" for v in values))
+
+
+if __name__ == "__main__":
+    main()
