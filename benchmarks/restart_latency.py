@@ -5,7 +5,7 @@ Two gloo workers run benchmarks/kill_at_step.py; at step 20 of attempt 0 rank 1 
 wall time and SIGKILLs itself (`restarts: 1`, every other setting the job's default); rank 0
 of attempt 1 records when its first all_reduce completed. clusterddp (warm start, the
 default for a script that imports torch), clusterddp with `warm_start: false`, torchrun
-`--max-restarts 1`, and optionally another checkout's clusterddp (``--before /work/main``),
+`--max-restarts 1` (c10d rendezvous, its store not shared with the workers: see methods), and optionally another checkout's clusterddp (``--before /work/main``),
 on the same script, interleaved round by round so a busy moment hurts all alike.
 
     .venv/bin/python benchmarks/restart_latency.py [--rounds 5] [--before /work/main]
@@ -42,8 +42,11 @@ def methods(directory: str, out: str, port: int, before: str | None) -> dict[str
                         "--master-port", str(port)], None),
         "clusterddp cold": ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, False),
                              "--master-port", str(port + 1)], None),
+        # torchrun's default static rendezvous (--master-port), and c10d sharing its store with
+        # the workers, let attempt 1's rank 0 read attempt 0's dead rank 1 address from the
+        # agent's store and time out (torch 2.14.1, most runs here): c10d, store not shared.
         "torchrun": ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
-                      "--master-addr=127.0.0.1", f"--master-port={port + 2}", str(WORKER), out, "20"], None),
+                      "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port + 2}", str(WORKER), out, "20"], None),
     }
     if before:
         found["clusterddp before"] = ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, True),
@@ -51,16 +54,18 @@ def methods(directory: str, out: str, port: int, before: str | None) -> dict[str
     return found
 
 
-def latency(argv: list[str], out: str, checkout: str | None) -> float:
+def latency(argv: list[str], out: str, checkout: str | None) -> float | str:
+    """Seconds from the kill to the next attempt's first step, or why the run failed."""
     for name in ("killed", "resumed"):
         if os.path.exists(os.path.join(out, name)):
             os.unlink(os.path.join(out, name))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     if checkout:
         env["PYTHONPATH"] = checkout
     proc = subprocess.run(argv, env=env, cwd=checkout or os.getcwd(), capture_output=True, timeout=300)
     if proc.returncode != 0:
-        raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+        errors = [line for line in proc.stderr.decode(errors="replace").splitlines() if "Error" in line]
+        return f"exit {proc.returncode}: {(errors or ['?'])[-1][:160]}"
     with open(os.path.join(out, "killed")) as k, open(os.path.join(out, "resumed")) as r:
         return float(r.read()) - float(k.read())
 
@@ -74,15 +79,22 @@ def main() -> None:
     out = os.path.join(directory, "stamps")
     os.makedirs(out)
     results: dict[str, list[float]] = {}
+    failures: dict[str, list[str]] = {}
     for r in range(args.rounds):
         for name, (argv, checkout) in methods(directory, out, 29900 + 10 * r, args.before).items():
-            results.setdefault(name, []).append(latency(argv, out, checkout))
+            value = latency(argv, out, checkout)
+            if isinstance(value, str):
+                failures.setdefault(name, []).append(value)
+            else:
+                results.setdefault(name, []).append(value)
     print(f"2 gloo workers, rank 1 SIGKILLed at step 20, restarts 1; {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'launcher':<18} {'median s':>9} {'min s':>7} {'max s':>7}  all")
     for name, values in results.items():
         print(f"{name:<18} {statistics.median(values):>9.2f} {min(values):>7.2f} {max(values):>7.2f}  "
               + " ".join(f"{v:.2f}" for v in values))
+    for name, reasons in failures.items():
+        print(f"{name}: {len(reasons)} run(s) failed, not counted; last: {reasons[-1]}")
 
 
 if __name__ == "__main__":
