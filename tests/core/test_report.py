@@ -54,7 +54,7 @@ def test_report_of_a_real_run_with_a_restart(tmp_path: Path, hang: bool) -> None
     data = json.loads(cli("report", "r", "--log-dir", str(tmp_path / "logs"), "--json").stdout)
     parts = data["parts_s"]
     assert abs(sum(parts.values()) - data["wall_s"]) <= 0.01 * data["wall_s"]
-    assert parts["training"] > 1.0 and parts["restarts"] > 0.5 and parts["start-up"] > 0
+    assert parts["training"] > 1.0 and parts["restarts"] > 0 and parts["start-up"] > 0  # a warm restart: ~0.2 s
     assert parts.get("checkpoints", 0) > 0.3 and parts.get("evaluation", 0) > 0.2
     assert (parts.get("hang waits", 0) > 1.5) == hang
     kinds = [e["kind"] for e in data["events"]]
