@@ -185,3 +185,16 @@ def test_restart_count_and_new_pids_per_attempt(tmp_path: Path) -> None:
     assert len({s["pid"] for s in seen}) == 4 and all(s["ppid"] == proc.pid for s in seen)
     assert all("zygote.py" in " ".join(s["cmdline"]) for s in seen)
     assert "restarting the local group in 0s (restart 1 of 1)" in err
+
+
+def test_a_failing_warm_worker_reports_as_a_cold_one(tmp_path: Path) -> None:
+    """An uncaught exception: the same exit code, traceback and output in the rank's log, warm and cold."""
+    logs = {}
+    for warm in (False, True):
+        job = write_job(tmp_path, name=f"w{warm}", script="raise_after_torch.py", args=["boom"], warm_start=warm)
+        result = cli("run", str(job), "--run-id", f"r{warm}", timeout=180)
+        assert result.returncode == 1, result.stderr
+        assert ("warm start off" in result.stderr) is False
+        logs[warm] = (tmp_path / "logs" / f"r{warm}" / "rank1.log").read_text()
+    assert logs[True] == logs[False]
+    assert "ValueError: boom" in logs[True] and "zygote" not in logs[True] and "bootstrap" not in logs[True]
