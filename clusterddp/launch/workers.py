@@ -115,8 +115,7 @@ class WorkerGroup:
         self.host = host
         self.grace_period = grace_period
         self.console = console
-        #: Forks workers from a warm interpreter while it serves (warm.py); None: always cold.
-        self.warm = warm
+        self.warm = warm  # forks the workers from a warm interpreter while it serves (warm.py)
         self.marker = procs.new_marker()
         self.workers: list[Worker] = []
         self._cgroup: JobCgroup | None = None
