@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,9 +63,16 @@ def latency(argv: list[str], out: str, checkout: str | None) -> float | str:
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     if checkout:
         env["PYTHONPATH"] = checkout
-    proc = subprocess.run(argv, env=env, cwd=checkout or os.getcwd(), capture_output=True, timeout=300)
+    proc = subprocess.Popen(argv, env=env, cwd=checkout or os.getcwd(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # a launcher that hangs: its workers go with it (torchrun leaves them)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "timed out after 300 s"
     if proc.returncode != 0:
-        errors = [line for line in proc.stderr.decode(errors="replace").splitlines() if "Error" in line]
+        errors = [line for line in stderr.decode(errors="replace").splitlines() if "Error" in line]
         return f"exit {proc.returncode}: {(errors or ['?'])[-1][:160]}"
     with open(os.path.join(out, "killed")) as k, open(os.path.join(out, "resumed")) as r:
         return float(r.read()) - float(k.read())
