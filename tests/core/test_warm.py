@@ -80,15 +80,19 @@ def _attempt(tmp_path: Path, rank: int, attempt: int) -> dict[str, Any]:
     return dict(json.loads((tmp_path / f"rank{rank}.attempt{attempt}.json").read_text()))
 
 
-def test_a_killed_zygote_falls_back_to_a_cold_start(tmp_path: Path) -> None:
-    """The zygote SIGKILLed before a restart: one line, the next attempt starts cold and succeeds, nothing left running."""
+@pytest.mark.parametrize("signum, why", [
+    (signal.SIGKILL, "it was killed by SIGKILL before a fork"),
+    (signal.SIGSTOP, "no answer to a fork within 10 s"),
+])
+def test_a_killed_or_stopped_zygote_falls_back_to_a_cold_start(tmp_path: Path, signum: int, why: str) -> None:
+    """The zygote SIGKILLed or SIGSTOPped before a restart: one line, the next attempt starts cold and succeeds, nothing left running."""
     job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path)], restarts=1)
     proc = start_cli("run", str(job))
     try:
         assert wait_for(lambda: (tmp_path / "rank1.attempt0.json").exists(), 120)
         zygote = _zygote_of(proc.pid)
         assert zygote is not None
-        os.kill(zygote, signal.SIGKILL)
+        os.kill(zygote, signum)
         (tmp_path / "go").touch()
         _, err = proc.communicate(timeout=120)
     finally:
@@ -98,7 +102,7 @@ def test_a_killed_zygote_falls_back_to_a_cold_start(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "killed by SIGKILL" in err  # rank 1's own death, seen as for a cold worker
     assert err.count("warm start off") == 1, err
-    assert "warm start off (it was killed by SIGKILL before a fork): starting workers cold" in err
+    assert f"warm start off ({why}): starting workers cold" in err
     assert all("zygote.py" in " ".join(_attempt(tmp_path, r, 0)["cmdline"]) for r in (0, 1))
     assert all("bootstrap.py" in " ".join(_attempt(tmp_path, r, 1)["cmdline"]) for r in (0, 1))
     assert _gone(zygote) and all(_gone(_attempt(tmp_path, r, a)["pid"]) for r in (0, 1) for a in (0, 1))
