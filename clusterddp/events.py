@@ -39,6 +39,7 @@ KINDS = (
     "phase",          # a rank entered ("start") or left ("end") a phase: checkpoint, eval, ...
     "hang",           # no progress for too long: stalled_s, why
     "straggler",      # one host's ranks slower than the others
+    "unannounced_work",  # hang_timeout auto: a stall with no rank in a collective, allowed_s more
     "attempt_end",    # exit code, root cause, verdict ("restart"/"stop") and why
     "restart",        # the next attempt follows after backoff_s
     "stop",           # told to stop from outside (a signal, the SSH session's end)

@@ -11,7 +11,10 @@ A leaf below the supervisor, which runs the check on every tick.
 ``hang_timeout: auto`` (``StepBudget``) reads the ranks' progress records instead: before an
 attempt's first step ``START_BUDGET`` without any sign of life; once steps flow, no *step* on
 any rank for max(``FLOOR``, ``FACTOR`` x the p99 step time so far); a rank in an announced
-phase (checkpoint, eval, data) gets the phase's budget instead.
+phase (checkpoint, eval, data) gets the phase's budget instead. When that budget runs out,
+``unannounced_work`` decides from the ranks' stacks whether it is a hang at all: a distributed
+hang has some rank waiting in a collective; when every rank does its own work (a final
+evaluation, a save, the interpreter's exit nobody announced) the stretch gets ``WORK_BUDGET``.
 """
 
 from __future__ import annotations
@@ -100,6 +103,15 @@ START_BUDGET = 600.0
 #: A phase the helpers announce (checkpoint, eval, data, any name) may last this long, or
 #: FACTOR times the longest earlier run of the same phase when that is longer.
 PHASE_BUDGET = 600.0
+#: A stall in which no rank waits in a collective (every rank does its own work, unannounced:
+#: a final evaluation, saving the model, TensorBoard, the interpreter's exit) may last this long,
+#: counted from its last step: such a stretch is no distributed hang, and killing a finished run
+#: is worse than waiting. A rank stuck alone outside any collective is still caught here.
+WORK_BUDGET = START_BUDGET
+#: The phase ``clusterddp.train.liveness.ended`` announces once the rank's script has returned
+#: (the bootstrap then runs atexit handlers, flushes, exits): its ending, not a stall. As an
+#: announced phase it carries ``PHASE_BUDGET``.
+EXIT = "exit"
 #: p99 from a histogram of buckets this much apart (bounded memory over weeks of steps).
 _BUCKET = 1.05
 
@@ -170,22 +182,46 @@ class StepBudget:
         return seconds, how
 
 
+def unannounced_work(where: Mapping[int, RankWhere]) -> bool:
+    """The rule that tells a hang from work: True when stacks were read and no rank waits in
+    a collective. A distributed hang holds some rank in a collective (waiting for one stuck
+    elsewhere, or every rank in one that cannot complete); ranks all outside one are doing
+    their own work, however long. No stacks at all (none could be read): unknown, so False,
+    and the budget decides as it always did."""
+    return bool(where) and not any(w.in_collective for w in where.values())
+
+
+def work_line(stalled: float, where: Mapping[int, RankWhere], host: str, allowed: float) -> str:
+    """The one line said when a stall turns out to be work: where the ranks are, what is allowed."""
+    groups: dict[str, list[int]] = {}
+    for rank, w in where.items():
+        groups.setdefault(w.summary, []).append(rank)
+    shown = "; ".join(f"rank(s) {format_ranks(ranks)} {summary}" for summary, ranks in
+                      sorted(groups.items(), key=lambda kv: min(kv[1]))[:3])
+    return (f"no step for {stalled:.0f}s, but no rank on {host} waits in a collective: unannounced work "
+            f"(a final evaluation, a save?), not a hang; hang_timeout auto allows it up to {allowed:.0f}s "
+            f"({shown})")
+
+
 def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host: str, now: float,
-          hosts: Mapping[int, str] | None = None) -> str:
+          hosts: Mapping[int, str] | None = None, alone: bool = False) -> str:
     """The rank holding the others, its host and its phase: a rank outside a collective while
     others wait in one, else the rank(s) furthest behind (lowest step, then oldest record).
 
     ``where`` holds this node's ranks' stacks; ``hosts`` the host of each rank of the records
     that is on another node (node 0 judging every node's records): when every rank here waits
-    in a collective, the stuck rank is the furthest behind of those."""
+    in a collective, the stuck rank is the furthest behind of those. ``alone``: these are all
+    the job's ranks, so when all wait, none holds the others: their collectives cannot match."""
     hosts = hosts or {}
     by_rank = {record.rank: record for record in records}
     outside = sorted(r for r, w in where.items() if not w.in_collective)
     elsewhere = [record for record in records if record.rank in hosts and record.rank not in where]
     if where and not outside and not elsewhere:
         phases = sorted({by_rank[r].phase for r in where if r in by_rank}) or ["unknown"]
+        holder = ("no rank holds them: their collectives cannot match (different collectives, groups or "
+                  "shapes? see the stacks)" if alone else "the stuck rank is on another node")
         return (f"rank(s) {format_ranks(sorted(where))} on {host} all wait in a collective (phase "
-                f"{', '.join(phases)}): the stuck rank is on another node")
+                f"{', '.join(phases)}): {holder}")
     if outside and len(outside) < len(where):
         chosen = outside
     elif by_rank:

@@ -129,6 +129,7 @@ def end(ending: Ending) -> NoReturn:
     """End the process as ``ending`` says, after what Python's shutdown does before it
     finalizes: join non-daemon threads, run atexit handlers, flush every stream."""
     status = ending.status
+    _announce_exit()
     try:  # whatever happens meanwhile (a second Ctrl-C), the process never reaches finalization
         threading = sys.modules.get("threading")
         if threading is not None:
@@ -243,6 +244,19 @@ def _print_uncaught(exc: BaseException) -> None:
             sys.stderr.write("\nOriginal exception was:\n")
             sys.__excepthook__(type(exc), exc, tb)
         except BaseException:  # noqa: BLE001
+            pass
+
+
+def _announce_exit() -> None:
+    """Tell the launcher that the script returned, in the progress record, when the script
+    keeps one (``clusterddp.train.liveness`` is loaded: nothing is imported for it here), so
+    the ending below (threads, atexit handlers: seconds under load) is no stall to
+    ``hang_timeout: auto``."""
+    ended = getattr(sys.modules.get("clusterddp.train.liveness"), "ended", None)
+    if callable(ended):
+        try:
+            ended()
+        except Exception:  # noqa: BLE001 (a record that cannot be written must not change the end)
             pass
 
 

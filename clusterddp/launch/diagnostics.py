@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 from clusterddp.atomicfile import WriteError
 from clusterddp.events import EventLog
-from clusterddp.hang import AUTO, PHASE_BUDGET, START_BUDGET, RankLife, StepBudget, culprit, last_progress, stalled_for, stuck
+from clusterddp.hang import (AUTO, PHASE_BUDGET, START_BUDGET, WORK_BUDGET, RankLife, StepBudget, culprit,
+                             last_progress, stalled_for, stuck, unannounced_work, work_line)
 from clusterddp.progress import RankProgress, read_all
 from clusterddp.straggler import StragglerWatch
 from clusterddp.launch.peers import SharedRunDir
@@ -57,17 +58,28 @@ class StacksDump:
         self._emit = emit
 
     def __call__(self, ranks: Sequence[RankState], why: str) -> StacksReport | None:
+        report = self.look(ranks)
+        if report is not None:
+            self.show(report, why)
+        return report
+
+    def look(self, ranks: Sequence[RankState]) -> StacksReport | None:
+        """The live ranks' stacks, read and grouped, shown nowhere (the hang check's question
+        "does any rank wait in a collective?" needs an answer, not a report)."""
         targets = [Target(rank=r.rank, pid=r.pid, stacks_file=r.stacks_file or "")
                    for r in ranks if r.running and r.stacks_file]
         if not targets:
             return None
-        report = build_report(collect(targets), self.host)
+        return build_report(collect(targets), self.host)
+
+    def show(self, report: StacksReport, why: str) -> None:
+        """The report on stderr, in full under the run dir, and as a stacks line (``emit``)."""
         path, problem = None, None
         try:
             path = write_stacks_report(report.full_text, self.run_dir) if self.run_dir else None
         except WriteError as exc:  # a full log disk must not turn a diagnosis into a crash
             problem = exc.strerror
-        lines = [stacks_block_title(len(targets), self.host, why)]
+        lines = [stacks_block_title(len(report.where), self.host, why)]
         lines.extend(f"  {line}" for line in report.lines)
         if path:
             lines.append(f"  full dump: {path}")
@@ -77,7 +89,17 @@ class StacksDump:
         if self._emit is not None:
             waiting = sorted(r for r, w in report.where.items() if w.in_collective)
             self._emit(stacks_line(self.host, why, report.summaries(), waiting, path))
-        return report
+
+
+@dataclass(frozen=True)
+class StallLook:
+    """How ``hang_timeout: auto`` looks at a stall before it calls it a hang (``hang.unannounced_work``):
+    the stacks read quietly, shown only when it is one; the line and event when it is work."""
+
+    look: Callable[[Sequence[RankState]], StacksReport | None]
+    show: Callable[[StacksReport, str], None]
+    say: Callable[[str], None]
+    events: EventLog | None = None
 
 
 class HangCheck:
@@ -91,15 +113,27 @@ class HangCheck:
     With ``peers`` (no head, several nodes): node 0's records include the other nodes' it
     sees, so their phases count; a node K that node 0 judges leaves the verdict after its
     first step to node 0 (alone it would take node 0's checkpoint for a hang), keeping only
-    ``PHASE_BUDGET`` as a backstop."""
+    ``PHASE_BUDGET`` as a backstop.
+
+    When the auto budget runs out, the stacks say whether it is a hang (``hang.unannounced_work``):
+    if no rank waits in a collective, the stretch since the last step is work nobody announced
+    and may last ``hang.WORK_BUDGET``; the next step (or phase change) ends it."""
 
     def __init__(self, timeout: float | str | None, stacks: StacksHook,
                  clock: Callable[[], float] = time.monotonic, host: str = "",
                  judges: Sequence[RecordsHook] = (), wall: Callable[[], float] = time.time,
                  records: Callable[[], list[RankProgress]] | None = None,
-                 peers: SharedRunDir | None = None) -> None:
+                 peers: SharedRunDir | None = None, stall: StallLook | None = None, alone: bool = False) -> None:
         self.timeout = timeout
+        #: This node runs every rank of the job (one node, no head): ``hang.stuck`` may say so.
+        self._alone = alone
         self._stacks = stacks
+        self._stall = stall or StallLook(look=lambda ranks: stacks(ranks, "hang"), show=lambda report, why: None,
+                                         say=lambda line: None)
+        #: The last step (or phase change, wall time) of a stall found to be work: the stretch
+        #: that carries ``WORK_BUDGET`` until the next one. None: no such stretch now.
+        self._work_from: float | None = None
+        self._work_said = False
         self._clock = clock
         self._wall = wall
         self._host = host
@@ -120,6 +154,7 @@ class HangCheck:
         self._attempt_started = self._clock()
         self._attempt_wall = self._wall()
         self._first_life = None
+        self._work_from, self._work_said = None, False
         self._budget.new_attempt()
         self._records = []
 
@@ -170,24 +205,44 @@ class HangCheck:
     def _auto(self, ranks: Sequence[RankState]) -> str | None:
         records = self._records
         now_wall = self._wall()
+        latest: float | None = None
         if not any(r.t is not None and r.t >= self._attempt_wall - 1.0 for r in records):
             lives = [RankLife(r.rank, r.last_line_at, r.heartbeat_file) for r in ranks if not r.exited]
             progress = last_progress(lives, since=self._attempt_started)
             stalled = stalled_for(progress, self._clock(), since=self._attempt_started)
             budget, how = START_BUDGET, "start-up budget, before the first step"
         else:
-            stalled = now_wall - max(max(r.t or 0.0, r.phase_t or 0.0) for r in records)
+            latest = max(max(r.t or 0.0, r.phase_t or 0.0) for r in records)
+            stalled = now_wall - latest
             budget, how = self._budget.budget([r.phase for r in records])
             if self._peers is not None and self._peers.judged_elsewhere and budget < PHASE_BUDGET:
                 # node 0 judges these ranks with every node's phases; this node keeps only a
                 # backstop (a stuck rank here outlives node 0's verdict where nothing kills it)
                 budget, how = PHASE_BUDGET, f"node 0 judges every node; here {PHASE_BUDGET:g}s"
+            if self._work_from == latest and budget < WORK_BUDGET:
+                budget, how = WORK_BUDGET, f"no rank waited in a collective at {budget:.0f}s: unannounced work"
         if stalled is None or stalled <= budget:
             return None
-        report = self._stacks(ranks, "hang")
+        report = self._stall.look(ranks)
+        if latest is not None and budget < WORK_BUDGET and report is not None and unannounced_work(report.where):
+            self._work_found(latest, stalled, report)
+            return None
+        if report is not None:
+            self._stall.show(report, "hang")
         hosts = self._peers.hosts if self._peers is not None else {}
         return (f"hang: no step on any rank for {stalled:.0f}s (hang_timeout auto: {budget:.0f}s, {how}); "
-                + stuck(records, report.where if report else {}, self._host, now_wall, hosts))
+                + stuck(records, report.where if report else {}, self._host, now_wall, hosts, self._alone))
+
+    def _work_found(self, latest: float, stalled: float, report: StacksReport) -> None:
+        """A stall with no rank in a collective: ``WORK_BUDGET`` for it, one line (the first
+        time in the attempt; a script evaluating every epoch would repeat it) and an event."""
+        self._work_from = latest
+        if not self._work_said:
+            self._work_said = True
+            self._stall.say("clusterddp: " + work_line(stalled, report.where, self._host, WORK_BUDGET))
+        if self._stall.events is not None:
+            self._stall.events.emit("unannounced_work", stalled_s=round(stalled, 1), allowed_s=WORK_BUDGET,
+                                    ranks={str(rank): w.summary for rank, w in sorted(report.where.items())})
 
 
 class Stragglers:
@@ -242,12 +297,15 @@ def record_json(record: RankProgress) -> dict[str, object]:
 def default_hooks(host: str, run_dir: str | None, hang_timeout: float | str | None, say: Callable[[str], None],
                   emit: Callable[[str], None] | None, events: EventLog | None = None,
                   records: Callable[[], list[RankProgress]] | None = None,
-                  peers: SharedRunDir | None = None) -> DiagnosticHooks:
+                  peers: SharedRunDir | None = None, alone: bool = False) -> DiagnosticHooks:
     """Stacks to stderr (and ``emit``), full dumps under ``run_dir``; the hang check on them;
     the slow host named here (its event to ``events``), or under the SSH head (``emit``) by
     the head from every host's records, or without a head by node 0 from every node's it sees
-    (``peers``); ``records``: the supervisor's reader of them."""
+    (``peers``); ``records``: the supervisor's reader of them; ``alone``: this node runs every
+    rank of the job."""
     stacks = StacksDump(host, run_dir, say, emit)
     judge: RecordsHook = ProgressRelay(host, emit) if emit is not None else Stragglers(host, say, events, peers)
-    hang = HangCheck(hang_timeout, stacks, host=host, judges=(judge,), records=records, peers=peers)
+    stall = StallLook(look=stacks.look, show=stacks.show, say=say, events=events)
+    hang = HangCheck(hang_timeout, stacks, host=host, judges=(judge,), records=records, peers=peers, stall=stall,
+                     alone=alone)
     return DiagnosticHooks(stacks=stacks, hang=hang, new_attempt=hang.new_attempt)

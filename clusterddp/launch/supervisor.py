@@ -95,7 +95,7 @@ class LocalSupervisor:
         self.hooks = hooks or default_hooks(topology.host, options.run_dir, options.hang_timeout,
                                             self.console.say, self._emit if options.report_json else None,
                                             events=self.runlog.events, records=lambda: self.runlog.judged,
-                                            peers=peers)
+                                            peers=peers, alone=alone)
         self._watch = StdinWatch(options.heartbeat_timeout, self.request_stop, self._request_stacks) \
             if options.watch_stdin else None
         self._wake = Waker()  # set by signal handlers: see waker.py for why not an Event

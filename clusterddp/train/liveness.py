@@ -40,6 +40,8 @@ MIN_INTERVAL = 1.0
 VERSION = 1
 #: The phase of a rank that completes steps and announced nothing else.
 TRAIN = "train"
+#: The phase announced once the script has returned (``ended``; ``clusterddp.hang.EXIT``).
+EXIT = "exit"
 
 
 class _Record:
@@ -173,6 +175,16 @@ class PhaseMarks:
 
     def is_open(self, name: str) -> bool:
         return any(opened == name for opened, _ in self._open)
+
+
+def ended() -> None:
+    """The script has returned: announce ``EXIT`` until the process ends. The worker's bootstrap
+    calls it before the atexit handlers and flushes, which take seconds on a loaded machine
+    (gloo's teardown): ``hang_timeout: auto`` must not count a finished rank's exit as a stall.
+    Nothing is written for a script that never wrote a record."""
+    state = _state
+    if state.size and state.phase != EXIT:
+        _announce(state, EXIT)
 
 
 def _announce(state: _Record, name: str) -> None:
