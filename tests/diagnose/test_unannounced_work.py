@@ -72,8 +72,8 @@ def test_every_rank_in_a_collective_that_cannot_complete_is_a_hang(job_dir: Path
 
 @pytest.mark.slow
 def test_twenty_final_evaluations_trip_nothing(job_dir: Path) -> None:
-    """CDDP_CLEAN_RUNS (20) runs of the 8 s unannounced final evaluation: every one exits 0, no hang line."""
-    runs = int(os.environ.get("CDDP_CLEAN_RUNS", "20"))
+    """CDDP_CLEAN_RUNS (3; 20 measured in docs/diagnose.md) runs of the 8 s unannounced final evaluation: every one exits 0, no hang line."""
+    runs = int(os.environ.get("CDDP_CLEAN_RUNS", "3"))
     outcomes = []
     for n in range(runs):
         code, stderr, events, took = _final_eval(job_dir, f"clean{n}", "eval=8")
