@@ -28,14 +28,14 @@ import importlib
 import time
 from typing import Any
 
-from clusterddp.train.liveness import PhaseMarks, heartbeat
+from clusterddp.train.liveness import PhaseMarks, heartbeat, lazy_callback
 
 EVAL = "eval"
 CHECKPOINT = "checkpoint"
 
 
 class ProgressHooks:
-    """The callback's behaviour, without transformers' base class (mixed in by ``_build``)."""
+    """The callback's behaviour, without transformers' base class (mixed in by ``liveness.lazy_callback``)."""
 
     def __init__(self) -> None:
         self._phases = PhaseMarks()
@@ -112,19 +112,9 @@ class ProgressHooks:
         self._phases.leave(CHECKPOINT)
 
 
-def _build() -> type:
-    base: Any = importlib.import_module("transformers").TrainerCallback
-
-    class ProgressCallback(ProgressHooks, base):  # type: ignore[misc]
-        """Per-rank progress and phases for clusterddp's launcher (see the module docstring)."""
-
-    ProgressCallback.__module__ = __name__
-    return ProgressCallback
+def _base() -> type:
+    base: type = importlib.import_module("transformers").TrainerCallback
+    return base
 
 
-def __getattr__(name: str) -> Any:
-    if name == "ProgressCallback":
-        value = _build()
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_callback(__name__, ProgressHooks, _base)

@@ -25,14 +25,14 @@ import importlib
 import time
 from typing import Any, Callable
 
-from clusterddp.train.liveness import PhaseMarks, heartbeat
+from clusterddp.train.liveness import PhaseMarks, heartbeat, lazy_callback
 
 EVAL = "eval"
 CHECKPOINT = "checkpoint"
 
 
 class ProgressHooks:
-    """The callback's behaviour, without Lightning's base class (mixed in by ``_build``)."""
+    """The callback's behaviour, without Lightning's base class (mixed in by ``liveness.lazy_callback``)."""
 
     def __init__(self) -> None:
         self._phases = PhaseMarks()
@@ -100,22 +100,12 @@ class ProgressHooks:
         self._phases.leave_all()
 
 
-def _build() -> type:
+def _base() -> type:
     try:
-        base: Any = importlib.import_module("lightning.pytorch").Callback
+        base: type = importlib.import_module("lightning.pytorch").Callback
     except ImportError:
         base = importlib.import_module("pytorch_lightning").Callback  # the older package name
-
-    class ProgressCallback(ProgressHooks, base):  # type: ignore[misc]
-        """Per-rank progress and phases for clusterddp's launcher (see the module docstring)."""
-
-    ProgressCallback.__module__ = __name__
-    return ProgressCallback
+    return base
 
 
-def __getattr__(name: str) -> Any:
-    if name == "ProgressCallback":
-        value = _build()
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_callback(__name__, ProgressHooks, _base)

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from contextlib import AbstractContextManager, contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from clusterddp.protocol import HEARTBEAT_FILE_ENV
 
@@ -231,3 +232,20 @@ def reset() -> None:
     """Forget everything recorded, and the file: a new run in the same process (tests)."""
     global _state
     _state = _Record()
+
+
+def lazy_callback(module: str, hooks: type, base: Callable[[], type]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that makes ``ProgressCallback`` (``hooks`` mixed into the
+    framework's callback base) on first use: importing the module, or ``clusterddp.train``,
+    never imports Lightning or transformers, whose import costs seconds and may be absent."""
+
+    def __getattr__(name: str) -> Any:
+        if name != "ProgressCallback":
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        made = type("ProgressCallback", (hooks, base()), {
+            "__module__": module,
+            "__doc__": "Per-rank progress and phases for clusterddp's launcher (see the module docstring)."})
+        setattr(sys.modules[module], name, made)
+        return made
+
+    return __getattr__
