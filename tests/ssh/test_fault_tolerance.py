@@ -182,7 +182,7 @@ def test_restarts_used_up_report_every_attempt(lab4: SSHLab, head_factory, tmp_p
     code = head.finish(120)
     stderr = "\n".join(head.stderr)
     assert code == 3, head.output()
-    assert len(re.findall(r"restarting the whole job in 1s \(restart 1 of 1\)", stderr)) == 1, stderr
+    assert len(re.findall(r"restarting the whole job in 0s \(restart 1 of 1\)", stderr)) == 1, stderr
     assert "restart 1: 3 host(s) cdssh1,cdssh2,cdssh3 (world size 3); not used: cdssh4: spare (nodes: at most 3)" \
         in stderr, stderr
     assert "2 attempts:" in stderr and stderr.count(": exit 3 after") == 2, stderr
@@ -190,20 +190,21 @@ def test_restarts_used_up_report_every_attempt(lab4: SSHLab, head_factory, tmp_p
 
 
 def test_a_stop_signal_during_the_backoff_stops_the_head_at_once(lab4: SSHLab, head_factory) -> None:
-    """SIGTERM to the head while it waits out a 2 s backoff: no further attempt, exit 143 (128+N,
-    as a launcher on one node), every attempt reported, nothing left on the hosts."""
+    """SIGTERM to the head while it waits out a 2 s backoff (the third restart's: 0 s, 1 s, 2 s):
+    no further attempt, exit 143 (128+N, as a launcher on one node), every attempt reported,
+    nothing left on the hosts."""
     job = write_job(lab4, str(REPO / "tests" / "bin" / "exit_with.py"), nproc=1, args=["3"])
     data = yaml.safe_load(job.read_text())
     data.update({"restarts": 3})
     job.write_text(yaml.safe_dump(data))
     head = head_factory(str(job), "--hostfile", str(lab4.hostfile))
-    sent = _wait_stderr(head, r"restarting the whole job in 2s \(restart 2 of 3\)", timeout=90)
+    sent = _wait_stderr(head, r"restarting the whole job in 2s \(restart 3 of 3\)", timeout=90)
     head.proc.send_signal(signal.SIGTERM)
     code = head.finish(30)
     stderr = "\n".join(head.stderr)
     assert code == 143 and time.monotonic() - sent < 1.5, head.output()
-    assert "SIGTERM before the restart: not restarting" in stderr and "2 attempts:" in stderr, stderr
-    assert "restart 2:" not in stderr, stderr
+    assert "SIGTERM before the restart: not restarting" in stderr and "3 attempts:" in stderr, stderr
+    assert "restart 3:" not in stderr, stderr
     assert lab4.wait_clean(5)[0]
 
 

@@ -92,7 +92,7 @@ def test_killed_rank_is_restarted_by_the_head(lab2: SSHLab, head_factory: Callab
     stderr = "\n".join(head.stderr)
     assert code == 0, head.output()
     assert "not restarting" not in stderr, stderr
-    assert "restarting the whole job in 1s (restart 1 of 2)" in stderr, stderr
+    assert "restarting the whole job in 0s (restart 1 of 2)" in stderr, stderr
     events = _head_events(tmp_path / "logs" / "kill")
     ends = [e for e in events if e["kind"] == "attempt_end"]
     assert [(e["verdict"], e["failure"]) for e in ends] == [("restart", "SIGKILL"), ("stop", None)], ends
