@@ -238,10 +238,8 @@ class LocalSupervisor:
         self.runlog.attempt_started(self.options.first_attempt + attempt,
                                     [(p.rank, p.env.heartbeat_file) for p in self.plans])
         try:
-            for plan in self.plans:
-                if self._stop_reason is not None:
-                    break
-                self.group.start(plan, self.options.first_attempt + attempt)
+            if self._stop_reason is None:  # all at once: the zygote forks them back to back
+                self.group.start_all(self.plans, self.options.first_attempt + attempt)
             root = self._supervise()
         finally:
             self.group.teardown(patient=self.group.preempted(), signum=worker_stop_signal(self._stop_signal))

@@ -187,33 +187,46 @@ class Zygote:
              cgroup: str | None) -> ForkedProcess:
         """A new worker of ``argv`` (the cold command line: interpreter, bootstrap, entry), with
         this environment, cwd, CPUs, in this cgroup; ZygoteLost when the zygote cannot."""
+        pipes = self.request(argv, env, cwd, cpus, cgroup)
+        try:
+            return self.answer(pipes)
+        except BaseException:
+            _close(pipes)
+            raise
+
+    def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
+                cgroup: str | None) -> tuple[int, int]:
+        """Ask for a worker without waiting for it (``answer`` gets it, requests answered in
+        order): the read ends of its stdout and stderr. Several requests in a row let the
+        zygote fork the next while the previous one sets up."""
         if tuple(argv[:len(self._prefix)]) != self._prefix:
             raise ZygoteLost("the worker's command is not the bootstrap's")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
+                   "cgroup": cgroup, "launcher": os.getpid()}
         try:
-            request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
-                       "cgroup": cgroup, "launcher": os.getpid()}
-            try:
-                frames.send(self.sock, request, [null, out_w, err_w])
-            except OSError as exc:
-                self._lose(f"it {self._how_gone()} before a fork" if self._exited()
-                           else f"its socket failed: {exc.strerror or exc}")
-            if not self._readable(FORK_TIMEOUT):
-                self._lose(f"no answer to a fork within {FORK_TIMEOUT:.0f} s")
-            reply = self._receive("while forking a worker")
-        except BaseException:
+            frames.send(self.sock, request, [null, out_w, err_w])
+        except OSError as exc:
             os.close(out_r)
             os.close(err_r)
-            raise
+            self._lose(f"it {self._how_gone()} before a fork" if self._exited()
+                       else f"its socket failed: {exc.strerror or exc}")
         finally:
             for fd in (null, out_w, err_w):
                 os.close(fd)
+        return out_r, err_r
+
+    def answer(self, pipes: tuple[int, int]) -> ForkedProcess:
+        """The worker of the oldest request not answered yet (``pipes``: what ``request``
+        returned for it); ZygoteLost when the zygote cannot (the caller closes the pipes)."""
+        if not self._readable(FORK_TIMEOUT):
+            self._lose(f"no answer to a fork within {FORK_TIMEOUT:.0f} s")
+        reply = self._receive("while forking a worker")
         if "pid" not in reply:
-            os.close(out_r)
-            os.close(err_r)
             self._lose(f"fork failed: {reply.get('error')}")
+        out_r, err_r = pipes
         return ForkedProcess(int(reply["pid"]), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
 
     def close(self) -> None:
@@ -294,21 +307,46 @@ class WarmStart:
               started: Callable[[int], None]) -> ForkedProcess | None:
         """``plan``'s worker forked with ``env``, or None: start it cold (said once).
         ``started`` is told the zygote's pid when it starts (the reaper, the orphan count)."""
-        if self.off:
-            return None
+        return self.spawn_all([(plan, env)], cgroup, started)[0]
+
+    def spawn_all(self, workers: Sequence[tuple["_Plan", Mapping[str, str]]], cgroup: "JobCgroup | None",
+                  started: Callable[[int], None]) -> list[ForkedProcess | None]:
+        """Each (plan, env) forked, in order; None for those to start cold (the zygote is
+        off, said once). All requests go out before the first answer is awaited: the zygote
+        forks them back to back instead of waiting for the launcher between two workers."""
+        forked: list[ForkedProcess | None] = [None] * len(workers)
+        if self.off or not workers:
+            return forked
+        asked: list[tuple[int, int]] = []
+        answered = 0
         try:
-            if self.zygote is None:
-                zygote_env = {k: v for k, v in env.items() if k != SUPERVISOR_ID_ENV}  # a teardown kills marked ones
-                log = os.path.join(os.path.dirname(plan.log), f"zygote.node{env.get('GROUP_RANK', '0')}.log")
-                self.zygote = Zygote.start(plan.argv[0], _bootstrap_command(), zygote_env, self.preload, log)
-                started(self.zygote.proc.pid)
-            self.zygote.wait_ready(self.stopping)
-            return self.zygote.fork(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None)
+            zygote = self._ready(workers[0][0], workers[0][1], started)
+            for plan, env in workers:
+                asked.append(zygote.request(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None))
+            for pipes in asked:
+                forked[answered] = zygote.answer(pipes)
+                answered += 1
         except ZygoteLost as exc:
-            self.off = True
-            if not self.stopping():
-                self.say(f"clusterddp: warm start off ({exc}): starting workers cold")
-            return None
+            for pipes in asked[answered:]:  # never to be answered
+                _close(pipes)
+            self._turn_off(exc)
+        return forked
+
+    def _ready(self, plan: "_Plan", env: Mapping[str, str], started: Callable[[int], None]) -> Zygote:
+        """The zygote, started at the first worker (with its environment) and warmed up."""
+        if self.zygote is None:
+            zygote_env = {k: v for k, v in env.items() if k != SUPERVISOR_ID_ENV}  # a teardown kills marked ones
+            log = os.path.join(os.path.dirname(plan.log), f"zygote.node{env.get('GROUP_RANK', '0')}.log")
+            self.zygote = Zygote.start(plan.argv[0], _bootstrap_command(), zygote_env, self.preload, log)
+            started(self.zygote.proc.pid)
+        self.zygote.wait_ready(self.stopping)
+        return self.zygote
+
+    def _turn_off(self, exc: ZygoteLost) -> None:
+        """Cold from now on, said in one line (not while stopping: no point then)."""
+        self.off = True
+        if not self.stopping():
+            self.say(f"clusterddp: warm start off ({exc}): starting workers cold")
 
     def pid(self) -> int | None:
         return self.zygote.proc.pid if self.zygote is not None and not self.off else None
@@ -316,6 +354,11 @@ class WarmStart:
     def close(self) -> None:
         if self.zygote is not None and self.zygote.lost is None:
             self.zygote.close()
+
+
+def _close(pipes: tuple[int, int]) -> None:
+    for fd in pipes:
+        os.close(fd)
 
 
 def _bootstrap_command() -> list[str]:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from clusterddp import exitcodes
 from clusterddp.errors import LaunchError
@@ -153,18 +153,28 @@ class WorkerGroup:
     def start(self, plan: WorkerPlan, attempt: int) -> None:
         """Start one worker of this attempt (its stale error file removed, its output pumped),
         with the environment its plan builds for ``attempt`` and this group's marker."""
+        self.start_all([plan], attempt)
+
+    def start_all(self, plans: Sequence[WorkerPlan], attempt: int) -> None:
+        """``start`` for each plan, in order; forked ones are all asked for at once (the
+        zygote forks them back to back), the others start cold."""
         if self._reaper is None:
             raise RuntimeError("WorkerGroup.start before open()")
-        env = plan.env.build(attempt, self.marker)
-        stale = not _remove_error_file(plan.error_file)
+        envs = [plan.env.build(attempt, self.marker) for plan in plans]
+        stale = [not _remove_error_file(plan.error_file) for plan in plans]  # before its worker can write one
         if attempt > 0:
-            _mark_attempt(plan.log, attempt)
-        output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
-        forked = self.warm.spawn(plan, env, self._cgroup, self._orphans.keep) if self.warm and self._orphans else None
-        proc = forked or procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
-        self._reaper.watch(proc.pid)
-        output.pump(proc.stdout, proc.stderr)
-        self.workers.append(Worker(plan=plan, env=env, proc=proc, output=output, pgid=proc.pid, stale_error_file=stale))
+            for plan in plans:
+                _mark_attempt(plan.log, attempt)
+        forked: list[ForkedProcess | None] = [None] * len(plans)
+        if self.warm is not None and self._orphans is not None:
+            forked = self.warm.spawn_all(list(zip(plans, envs)), self._cgroup, self._orphans.keep)
+        for plan, env, fork, was_stale in zip(plans, envs, forked, stale):
+            output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
+            proc = fork or procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
+            self._reaper.watch(proc.pid)
+            output.pump(proc.stdout, proc.stderr)
+            self.workers.append(Worker(plan=plan, env=env, proc=proc, output=output, pgid=proc.pid,
+                                       stale_error_file=was_stale))
 
     def poll(self) -> list[WorkerExit]:
         """Record the exits that happened since the last poll; return the failures among them."""

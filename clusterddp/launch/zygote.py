@@ -26,10 +26,13 @@ Only the standard library is imported here besides torch and the preloads, and
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import gc
 import importlib.util
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -113,42 +116,70 @@ def warm_up(preloads: list[str]) -> str | None:
 
 def serve(sock: socket.socket) -> dict[str, Any]:
     """Fork a worker per request until the launcher closes the socket (then exit); returns
-    only in a new worker, with its request, ready to run the script."""
+    only in a new worker, with its request, ready to run the script.
+
+    Pipelined: while the launcher has more requests queued, the next intermediate is forked
+    before the previous one has reported (each forks its worker meanwhile, on another CPU);
+    the replies still go back one per request, in order."""
+    pending: collections.deque[tuple[int, int] | str] = collections.deque()
     while True:
+        if pending and not _queued(sock):
+            _reply(sock, pending.popleft())
+            continue
         request, fds = receive(sock, max_fds=3)
         if request is None:
             os._exit(0)
+        started: tuple[int, int] | str | None
         try:
-            pid = _fork_worker(sock, request, fds)
+            started = _fork_middle(sock, request, fds)
         except OSError as exc:
-            pid = -1
-            error = f"fork: {exc.strerror or exc}"
-        if pid == 0:
+            started = f"fork: {exc.strerror or exc}"
+        if started is None:
             return request  # in the worker: its descriptors are its stdio now
         for fd in fds:
             os.close(fd)
-        send(sock, {"pid": pid} if pid > 0 else {"error": error})
+        pending.append(started)
 
 
-def _fork_worker(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
-    """Double fork: the worker's pid in the zygote, 0 in the worker (set up). The
-    intermediate exits once the worker says it is in its own session with its stdio and
-    cgroup, so the launcher never gets a pid without its process group."""
+def _queued(sock: socket.socket) -> bool:
+    """True when the launcher's next request is already here (no wait)."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
+def _reply(sock: socket.socket, started: tuple[int, int] | str) -> None:
+    """The pid of a started worker, once its intermediate has exited (so the worker is the
+    launcher's child already), or why it failed."""
+    if isinstance(started, str):
+        send(sock, {"error": started})
+        return
+    middle, report_r = started
+    os.waitpid(middle, 0)
+    with os.fdopen(report_r, "rb") as report:
+        text = report.read()
+    send(sock, {"pid": int(text)} if text else {"error": "the worker did not start"})
+
+
+def _fork_middle(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> tuple[int, int] | None:
+    """First half of the double fork: (the intermediate's pid, the pipe it reports the
+    worker's pid on) in the zygote; None in the worker (set up). The intermediate exits once
+    the worker says it is in its own session with its stdio and cgroup, so the launcher never
+    gets a pid without its process group."""
     report_r, report_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    middle = os.fork()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(report_r)
+        os.close(report_w)
+        raise
     if middle == 0:
         os.close(report_r)
         _middle(sock, request, fds, report_w)
-        return 0  # only the worker gets here
+        return None  # only the worker gets here
     os.close(report_w)
-    os.waitpid(middle, 0)  # it has exited: the worker is the launcher's child now
-    with os.fdopen(report_r, "rb") as report:
-        text = report.read()
-    if not text:
-        raise OSError(0, "the worker did not start")
-    return int(text)
+    return middle, report_r
 
 
 def _middle(sock: socket.socket, request: dict[str, Any], fds: list[int], report_w: int) -> None:
@@ -252,6 +283,10 @@ def main() -> None:
     send(sock, {"ready": unsafe is None, "why": unsafe, "seconds": round(time.monotonic() - began, 3)})
     if unsafe is not None:
         os._exit(0)
+    # Everything imported so far moves to the permanent generation: a worker's collections
+    # never walk (and write to) these objects, so their pages stay shared with the zygote
+    # instead of being copied in every worker.
+    gc.freeze()
     request = serve(sock)
     become_worker(request)
     bootstrap.main()
