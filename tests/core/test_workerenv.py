@@ -75,26 +75,31 @@ def _function(path: Path, cls: str, name: str) -> ast.FunctionDef:
 
 
 def test_the_worker_group_passes_the_built_environment_to_exec_untouched() -> None:
-    """WorkerGroup.start hands procs.spawn exactly what plan.env.build(attempt, marker) returned."""
-    start = _function(PACKAGE / "launch" / "workers.py", "WorkerGroup", "start")
+    """WorkerGroup.start_all hands procs.spawn and the warm start exactly what plan.env.build(attempt, marker) returned."""
+    start = _function(PACKAGE / "launch" / "workers.py", "WorkerGroup", "start_all")
+    assigned = [ast.unparse(n.value) for n in ast.walk(start) if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "envs" for t in n.targets)]
+    assert assigned == ["[plan.env.build(attempt, self.marker) for plan in plans]"]
     spawn = next(n for n in ast.walk(start) if isinstance(n, ast.Call) and ast.unparse(n.func) == "procs.spawn")
     env = spawn.args[1]
     assert isinstance(env, ast.Name), ast.unparse(spawn)
-    assigned = [ast.unparse(n.value) for n in ast.walk(start) if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == env.id for t in n.targets)]
-    assert assigned == ["plan.env.build(attempt, self.marker)"]
+    loop = next(n for n in ast.walk(start) if isinstance(n, ast.For)
+                and env.id in {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)})
+    assert ast.unparse(loop.iter).startswith("zip(plans, envs"), ast.unparse(loop.iter)
+    warm = next(n for n in ast.walk(start) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.warm.spawn_all")
+    assert ast.unparse(warm.args[0]) == "list(zip(plans, envs))"
     changed = [ast.unparse(n) for n in ast.walk(start)
-               if isinstance(n, ast.Subscript) and ast.unparse(n.value) == env.id
-               or isinstance(n, ast.Call) and ast.unparse(n.func).startswith(f"{env.id}.")]
+               if isinstance(n, ast.Subscript) and ast.unparse(n.value) in (env.id, "envs")
+               or isinstance(n, ast.Call) and ast.unparse(n.func).startswith((f"{env.id}.", "envs."))]
     assert changed == []
 
 
 def test_the_supervisor_passes_the_attempt_number_through() -> None:
-    """The supervisor's start path builds no environment: it gives the group each plan and the attempt."""
+    """The supervisor's start path builds no environment: it gives the group its plans and the attempt."""
     run_once = _function(PACKAGE / "launch" / "supervisor.py", "LocalSupervisor", "_run_once")
     starts = [ast.unparse(n) for n in ast.walk(run_once) if isinstance(n, ast.Call)
-              and ast.unparse(n.func) == "self.group.start"]
-    assert starts == ["self.group.start(plan, self.options.first_attempt + attempt)"]
+              and ast.unparse(n.func) in ("self.group.start", "self.group.start_all")]
+    assert starts == ["self.group.start_all(self.plans, self.options.first_attempt + attempt)"]
     assert _writes(run_once) == []
 
 

@@ -45,6 +45,9 @@ def test_auto_hang_across_hosts_names_the_stuck_rank(lab4: SSHLab, tmp_path: Pat
     result = cli("run", str(job), "--hostfile", str(lab4.hostfile), cwd=tmp_path, env=cli_env(), timeout=240)
     print(result.stderr[-3000:])
     assert result.returncode == 124, result.stderr
-    assert re.search(r"stuck: rank 3 on cdssh4 in phase train", result.stderr), result.stderr
+    # cdssh4's own launcher sees its rank outside any collective (unannounced work, not a hang);
+    # the hosts whose ranks wait declare it, and the head's verdict names the stuck rank.
+    assert re.search(r"stuck: rank 3 on cdssh4 in phase train|rank\(s\) 3 on cdssh4 not in a collective "
+                     r"while rank\(s\) 0-2 wait in one; rank 3 in phase train", result.stderr), result.stderr
     assert re.search(r"verdict: .*rank\(s\) 3 on cdssh4 not in a collective.*; rank 3 in phase train", result.stderr)
     assert_clean(lab4, 5)
