@@ -81,6 +81,18 @@ class EventLog:
         except OSError:
             pass
 
+    def attempt_ended(self, exit_code: int, root_cause: str | None, failure: str | None,
+                      failed_at: object, backoff: float | None, why: str, stopping: str | None) -> None:
+        """An attempt's end as ``clusterddp report`` reads it, from a node's supervisor and from
+        the SSH head alike: ``stop`` first when a stop ended it, ``attempt_end`` with its verdict
+        and why, then ``restart`` when one follows."""
+        if stopping is not None:
+            self.emit("stop", why=stopping)
+        self.emit("attempt_end", exit_code=exit_code, root_cause=root_cause, failure=failure,
+                  failed_at=failed_at, verdict="restart" if backoff is not None else "stop", why=why)
+        if backoff is not None:
+            self.emit("restart", backoff_s=backoff)
+
     def close(self) -> None:
         if self._fd is not None:
             try:

@@ -202,14 +202,8 @@ class LocalSupervisor:
                        backoff: float | None, why: str) -> None:
         """The attempt's end in the event log: its verdict and why; the restart if one follows."""
         self.runlog.attempt_ended()
-        if self._stop_reason is not None:
-            self.runlog.emit("stop", why=self._stop_reason)
-        self.runlog.emit("attempt_end", exit_code=code, root_cause=cause,
-                         failure=failure.name() if failure else None,
-                         failed_at=root.at if root else None,
-                         verdict="restart" if backoff is not None else "stop", why=why)
-        if backoff is not None:
-            self.runlog.emit("restart", backoff_s=backoff)
+        self.runlog.events.attempt_ended(code, cause, failure.name() if failure else None,
+                                         root.at if root else None, backoff, why, self._stop_reason)
 
     def _pause(self, seconds: float) -> bool:
         """Wait out the backoff before a restart; True when told to stop meanwhile (at once).

@@ -66,18 +66,16 @@ class HeadLog:
                       stopping: str | None) -> None:
         """``attempt_end`` with its verdict and why; ``stop`` before it and ``restart`` after, as
         they apply."""
-        if stopping is not None:
-            self.emit("stop", why=stopping)
-        failure = verdict_failure(outcome)
+        if self.events is None:
+            return
+        # judge() has just read this attempt's failure; read it again only if it was not asked
+        failure = self._previous if self._previous_number == number else verdict_failure(outcome)
         code = outcome.exit_code
         cause = (outcome.root.result or {}).get("root_cause") if outcome.root is not None else None
         why = repeat or end_reason(RestartPolicy(self.job.restarts), number, code or None, stopping)
-        self.emit("attempt_end", exit_code=code, root_cause=attempt_failure(outcome),
-                  failure=failure.name() if failure is not None else None,
-                  failed_at=(cause or {}).get("at") or (outcome.root.failed_at if outcome.root else None),
-                  verdict="restart" if backoff is not None else "stop", why=why)
-        if backoff is not None:
-            self.emit("restart", backoff_s=backoff)
+        self.events.attempt_ended(code, attempt_failure(outcome), failure.name() if failure is not None else None,
+                                  (cause or {}).get("at") or (outcome.root.failed_at if outcome.root else None),
+                                  backoff, why, stopping)
 
     def close(self, exit_code: int | None) -> None:
         """``run_end`` with the head's exit code (None: the head is leaving on an error, no
