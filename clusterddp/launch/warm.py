@@ -183,17 +183,6 @@ class Zygote:
         self.ready = True
         self.warm_seconds = float(message.get("seconds") or 0.0)
 
-    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
-             cgroup: str | None) -> ForkedProcess:
-        """A new worker of ``argv`` (the cold command line: interpreter, bootstrap, entry), with
-        this environment, cwd, CPUs, in this cgroup; ZygoteLost when the zygote cannot."""
-        pipes = self.request(argv, env, cwd, cpus, cgroup)
-        try:
-            return self.answer(pipes)
-        except BaseException:
-            _close(pipes)
-            raise
-
     def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
                 cgroup: str | None) -> tuple[int, int]:
         """Ask for a worker without waiting for it (``answer`` gets it, requests answered in
@@ -302,12 +291,6 @@ class WarmStart:
     stopping: Callable[[], bool]
     zygote: Zygote | None = None
     off: bool = False
-
-    def spawn(self, plan: "_Plan", env: Mapping[str, str], cgroup: "JobCgroup | None",
-              started: Callable[[int], None]) -> ForkedProcess | None:
-        """``plan``'s worker forked with ``env``, or None: start it cold (said once).
-        ``started`` is told the zygote's pid when it starts (the reaper, the orphan count)."""
-        return self.spawn_all([(plan, env)], cgroup, started)[0]
 
     def spawn_all(self, workers: Sequence[tuple["_Plan", Mapping[str, str]]], cgroup: "JobCgroup | None",
                   started: Callable[[int], None]) -> list[ForkedProcess | None]:

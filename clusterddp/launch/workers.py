@@ -150,16 +150,13 @@ class WorkerGroup:
         """Forget the workers of the previous attempt (torn down already)."""
         self.workers = []
 
-    def start(self, plan: WorkerPlan, attempt: int) -> None:
-        """Start one worker of this attempt (its stale error file removed, its output pumped),
-        with the environment its plan builds for ``attempt`` and this group's marker."""
-        self.start_all([plan], attempt)
-
     def start_all(self, plans: Sequence[WorkerPlan], attempt: int) -> None:
-        """``start`` for each plan, in order; forked ones are all asked for at once (the
-        zygote forks them back to back), the others start cold."""
+        """Start this attempt's workers, in order (each one's stale error file removed, its
+        output pumped), with the environment its plan builds for ``attempt`` and this group's
+        marker; forked ones are all asked for at once (the zygote forks them back to back), the
+        others start cold."""
         if self._reaper is None:
-            raise RuntimeError("WorkerGroup.start before open()")
+            raise RuntimeError("WorkerGroup.start_all before open()")
         envs = [plan.env.build(attempt, self.marker) for plan in plans]
         stale = [not _remove_error_file(plan.error_file) for plan in plans]  # before its worker can write one
         if attempt > 0:
