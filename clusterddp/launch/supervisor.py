@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.events import EventLog
+from clusterddp.launch.coordinate import AttemptEnded, Coordinator, replanned
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.peers import shared_run_dir
@@ -76,8 +77,11 @@ class LocalSupervisor:
     """Runs the workers of this node until they all succeed, one fails, or we are told to stop."""
 
     def __init__(self, topology: Topology, plans: list[WorkerPlan], options: SupervisorOptions,
-                 hooks: DiagnosticHooks | None = None) -> None:
+                 hooks: DiagnosticHooks | None = None, coordinator: Coordinator | None = None) -> None:
         self.topology = topology
+        #: Who decides a whole-job restart in place (coordinate.py); None: this launcher ends
+        #: with a failed attempt unless its own ``restarts`` restart it.
+        self.coordinator = coordinator
         self.plans = plans
         self.options = options
         self.console = ConsoleSink(prefix=options.prefix, ranks=options.console_ranks, merge=options.merge)
@@ -188,6 +192,8 @@ class LocalSupervisor:
                 why = "whole-job restarts are decided by whoever started the nodes"
             self._attempt_ended(code, cause, failure, root, backoff, why)
             previous = failure
+            if backoff is None and failed and self._told_to_restart(number, code, root, failure):
+                continue
             if backoff is None:
                 return code, exits, root, attempts
             self.console.say(f"clusterddp: {cause}; restarting the local group in {backoff:.0f}s "
@@ -197,6 +203,23 @@ class LocalSupervisor:
                 self.console.say(f"clusterddp: {name or self._stop_reason} before the restart: not restarting")
                 # Stopped while nothing ran: the launcher's own stop decides the code (128+N).
                 return exit_code(None, [], False, self._stop_signal), exits, root, attempts
+
+    def _told_to_restart(self, number: int, code: int, root: WorkerExit | None, failure: Failure | None) -> bool:
+        """Ask the coordinator (if any) whether the whole job restarts in place; True: the
+        plans are the next attempt's, run it now."""
+        if self.coordinator is None or self._stop_reason is not None:
+            return False
+        attempt = self.options.first_attempt + number
+        told = self.coordinator.next_attempt(
+            AttemptEnded(attempt, code, root, failure, bool(self._progressed), self._hang_reason),
+            lambda: self._stop_reason is not None)
+        if told is None or self._stop_reason is not None:
+            return False
+        if told.attempt != attempt + 1:
+            raise RuntimeError(f"told to run attempt {told.attempt} after attempt {attempt}")
+        self.plans = replanned(self.plans, told.master_port)
+        self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port)
+        return True
 
     def _attempt_ended(self, code: int, cause: str | None, failure: Failure | None, root: WorkerExit | None,
                        backoff: float | None, why: str) -> None:

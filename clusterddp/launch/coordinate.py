@@ -1,0 +1,62 @@
+"""Whole-job restarts in place: a node's launcher that outlives a failed attempt.
+
+A job restarted as a whole from outside (the SSH head, SLURM node 0) used to lose every
+node's launcher with the attempt: a new launcher, a new interpreter that imports torch
+again (the zygote), new SSH sessions or a new srun step: seconds per fault. With a
+``Coordinator`` the launcher instead reports the attempt's end to whoever decides, waits for
+the decision, and on "restart" forks the next attempt's workers from the zygote it already
+has. The decision stays with the one that sees every node (its peers would not come back
+with a node that restarted alone); this module is only the node's side of the exchange.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol, Sequence
+
+from clusterddp.launch.report import WorkerExit
+from clusterddp.launch.verdict import Failure
+from clusterddp.launch.workers import WorkerPlan
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    """What this node knows when one of its attempts failed: the decider's input."""
+
+    #: The attempt's number (its workers' TORCHELASTIC_RESTART_COUNT).
+    attempt: int
+    exit_code: int
+    #: The first failed worker of this node (None: a hang, or no worker failed here).
+    root: WorkerExit | None
+    failure: Failure | None
+    #: Did a rank of this node complete a step in the attempt.
+    progressed: bool
+    #: The hang's reason, when the attempt was found hung.
+    hang: str | None
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The decision to run attempt ``attempt`` in place, on the same nodes."""
+
+    attempt: int
+    #: The next attempt's master port (each attempt may get its own); None: the same.
+    master_port: int | None = None
+
+
+class Coordinator(Protocol):
+    """The node's side of a whole-job restart decided elsewhere."""
+
+    def next_attempt(self, ended: AttemptEnded, stopping: Callable[[], bool]) -> Restart | None:
+        """Report ``ended`` and wait for the decision: the next attempt, or None (this
+        launcher ends with the attempt's exit code). ``stopping`` turns True when the
+        launcher is told to stop meanwhile: return None then, at once."""
+        ...
+
+
+def replanned(plans: Sequence[WorkerPlan], master_port: int | None) -> list[WorkerPlan]:
+    """The same workers for the next attempt, on its master port."""
+    if master_port is None:
+        return list(plans)
+    return [replace(plan, env=replace(plan.env, topology=replace(plan.env.topology, master_port=master_port)))
+            for plan in plans]
