@@ -18,6 +18,10 @@ files in the run's log directory) is spelled here and nowhere else:
 - ``I``/``T``/``H``/``Q`` on stdin, head -> remote launcher, just before EOF: "the head got
   SIGINT/SIGTERM/SIGHUP/SIGQUIT", so every host stops as a node that got it itself:
   ``stop_request_byte`` / ``stop_requested``
+- ``E<K>\n`` and ``R<K> <P>\n`` on stdin, head -> a launcher started with ``--await-restart``:
+  "end attempt K" (tear its workers down, report, wait) and "run attempt K in place on master
+  port P" (``end_attempt_word`` / ``restart_word``; ``StdinWords`` reads them, and the bytes
+  above, from the stream)
 - ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
 - ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
 - SIGTERM, SIGINT, SIGHUP, SIGQUIT to a launcher or to the SSH head: stop the job in an
@@ -112,6 +116,68 @@ def stop_requested(chunk: bytes) -> int | None:
     return None
 
 
+def end_attempt_word(attempt: int) -> bytes:
+    """``E<K>\n``: the head tells a launcher that waits for its word (``--await-restart``) to
+    end attempt K (another host failed): tear down its workers, report, wait. The attempt's
+    number makes a late word harmless: it never ends the next attempt."""
+    return f"{_END_ATTEMPT}{attempt}\n".encode()
+
+
+def restart_word(attempt: int, master_port: int) -> bytes:
+    """``R<K> <P>\n``: the head tells a waiting launcher to run attempt K in place, its workers
+    on master port P, forked from the interpreter it kept."""
+    return f"{_RESTART}{attempt} {master_port}\n".encode()
+
+
+_END_ATTEMPT = "E"
+_RESTART = "R"
+
+
+def _read_word(word: bytes) -> tuple[str, int, int | None] | None:
+    """``E<K>`` or ``R<K> <P>`` (without the newline) as ("end", K, None) / ("restart", K, P)."""
+    kind, numbers = word[:1], word[1:].split(b" ")
+    if not all(n.isdigit() and len(n) <= 9 for n in numbers):
+        return None
+    if kind == _END_ATTEMPT.encode() and len(numbers) == 1:
+        return "end", int(numbers[0]), None
+    if kind == _RESTART.encode() and len(numbers) == 2 and 0 < int(numbers[1]) < 65536:
+        return "restart", int(numbers[0]), int(numbers[1])
+    return None
+
+
+class StdinWords:
+    """Reads a remote launcher's stdin stream, chunk by chunk, into what the head said: the
+    single bytes (heartbeat newline, stacks request, stop byte) act at once; a word (a letter,
+    numbers, a newline) may be split across chunks and acts once whole. A word that does not
+    parse is dropped: a head of another version must not stop a launcher by accident."""
+
+    def __init__(self) -> None:
+        self._word: bytes | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple[str, int, int | None]]:
+        """What ``chunk`` says, in order: ``("stop", signum, None)``, ``("stacks", 0, None)``,
+        ``("end", K, None)``, ``("restart", K, P)``; heartbeats say nothing."""
+        said: list[tuple[str, int, int | None]] = []
+        for value in chunk:
+            byte = bytes((value,))
+            if self._word is not None:
+                if byte != b"\n":
+                    self._word = self._word + byte if len(self._word) < 32 else self._word
+                    continue
+                word, self._word = _read_word(self._word), None
+                if word is not None:
+                    said.append(word)
+            elif byte in (b"E", b"R"):
+                self._word = byte
+            elif byte == STACKS_REQUEST_BYTE:
+                said.append(("stacks", 0, None))
+            elif byte != b"\n":
+                signum = stop_requested(byte)
+                if signum is not None:
+                    said.append(("stop", signum, None))
+        return said
+
+
 # -- lines on a remote launcher's stdout -------------------------------------------------------
 
 def restart_marker(attempt: int) -> bytes:
@@ -122,17 +188,21 @@ def restart_marker(attempt: int) -> bytes:
 
 
 def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None, reason: str | None,
-                progressed: bool | None = None) -> str:
+                progressed: bool | None = None, waiting_after: int | None = None) -> str:
     """The ``CLUSTERDDP_RESULT`` line a launcher started by the head prints at its end.
 
     ``root_cause`` carries the failed worker's exit, signal and last lines (its traceback);
     ``progressed``: did any of this host's ranks complete a step in the attempt (None: not
     known). With them the head applies the restart verdict (``launch/verdict.py``) to the
-    whole job exactly as a launcher alone applies it to its group."""
+    whole job exactly as a launcher alone applies it to its group. ``waiting_after``: the
+    attempt that just failed, when the launcher (``--await-restart``) now waits for the head's
+    word instead of ending (``"waiting": true``)."""
     import json
 
-    result = {"exit_code": exit_code, "host": host, "root_cause": root_cause, "reason": reason,
-              "progressed": progressed}
+    result: dict[str, object] = {"exit_code": exit_code, "host": host, "root_cause": root_cause, "reason": reason,
+                                 "progressed": progressed}
+    if waiting_after is not None:
+        result.update(attempt=waiting_after, waiting=True)
     return RESULT_MARKER.decode() + json.dumps(result)
 
 

@@ -215,6 +215,8 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("--watch-stdin", REMOTE, "stop the workers when stdin closes or its heartbeat stops"),
     Flag("--heartbeat-timeout", REMOTE, None, checked(number, validate.positive_seconds_problem), default="6.0"),
     Flag("--report-json", REMOTE, "print a CLUSTERDDP_RESULT line at the end"),
+    Flag("--await-restart", REMOTE, "after a failed attempt, report it and wait for the head's word on stdin "
+         "(run the next attempt here in place, or end), keeping the warm interpreter (needs --watch-stdin)"),
     Flag("--restart-count", REMOTE, "this start is attempt K of a job restarted as a whole (by the SSH head or "
          "the batch script): no restarts of this node alone", checked(integer, validate.non_negative_problem),
          variable=True, metavar="K"),

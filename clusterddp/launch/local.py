@@ -8,6 +8,7 @@ import sys
 from typing import Mapping
 
 from clusterddp.envs import Overrides, detect
+from clusterddp.errors import LaunchError
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch import plan as planning
 from clusterddp.launch import runlock, warm
@@ -52,6 +53,7 @@ def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
         watch_stdin=options.watch_stdin,
         heartbeat_timeout=options.heartbeat_timeout,
         report_json=options.report_json,
+        await_restart=options.await_restart,
         hang_timeout=job.hang_timeout,
         run_dir=run_dir,
         restart_on=job.restart_on,
@@ -68,6 +70,9 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     a listed variable that is unset is an error before anything is planned or started.
     """
     passthrough_env(job.env_passthrough, env, job.source or "<command line>", job.env, job.line_of)
+    if options.await_restart and not options.watch_stdin:
+        raise LaunchError("--await-restart needs --watch-stdin: the word to restart comes on stdin",
+                          "both are set by the SSH head; leave them out when starting a node by hand")
     patience = master_wait(env)
     overrides = options.overrides(job)
     topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node, options.restart_count)

@@ -41,6 +41,9 @@ class RunOptions:
     watch_stdin: bool = False
     heartbeat_timeout: float = 6.0
     report_json: bool = False
+    #: Set by the SSH head while the job has restarts left: after a failed attempt this
+    #: launcher reports and waits for the head's word (restart in place, or end) on stdin.
+    await_restart: bool = False
     #: Set where something outside this node restarts the whole job (the SSH head, the batch
     #: script): this start is that attempt (TORCHELASTIC_RESTART_COUNT), and the node never
     #: restarts its group alone (its peers would not come back with it).

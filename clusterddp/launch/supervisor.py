@@ -58,6 +58,9 @@ class SupervisorOptions:
     heartbeat_timeout: float = 6.0
     #: Print one machine-readable result line at the end (for the SSH head).
     report_json: bool = False
+    #: After a failed attempt, report it and wait for the head's word on stdin (restart in
+    #: place, or end): ``StdinWatch`` is the coordinator when none is given (``--await-restart``).
+    await_restart: bool = False
     #: Tear down with exitcodes.HANG when no rank made progress for this long (seconds), or
     #: "auto" (a budget learnt from the steps: ``hang.StepBudget``).
     hang_timeout: float | str | None = None
@@ -100,12 +103,23 @@ class LocalSupervisor:
                                             self.console.say, self._emit if options.report_json else None,
                                             events=self.runlog.events, records=lambda: self.runlog.judged,
                                             peers=peers, alone=alone)
-        self._watch = StdinWatch(options.heartbeat_timeout, self.request_stop, self._request_stacks) \
-            if options.watch_stdin else None
+        self._watch = StdinWatch(options.heartbeat_timeout, self.request_stop, self._request_stacks,
+                                 self.end_attempt) if options.watch_stdin else None
+        if coordinator is None and options.await_restart:
+            self.coordinator = self._watch
         self._wake = Waker()  # set by signal handlers: see waker.py for why not an Event
         self._stop_reason: str | None = None
         self._stop_signal: int | None = None
         self._stacks_requested = False
+        #: The attempt whose end was asked for (``end_attempt``), and why; kept until another
+        #: is asked for, so a word that came early still ends its attempt and a late one none.
+        self._end_requested: tuple[int, str] | None = None
+        #: The number of the attempt running (its workers' TORCHELASTIC_RESTART_COUNT).
+        self._attempt = options.first_attempt
+        #: Why the current attempt was ended from outside (``end_attempt``); None: it was not.
+        self._ended_by: str | None = None
+        #: The last attempt's report is out already (printed before waiting for a decision).
+        self._reported = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
         self._hang_reason: str | None = None
         #: Did a rank complete a step in the last attempt (the verdict's input, also sent to
@@ -127,11 +141,10 @@ class LocalSupervisor:
         finally:
             self._restore_signal_handlers(previous)
             self.group.close()
-        reason = self._hang_reason or self._stop_reason
-        report = format_report(self.options.job_name, exits, root, reason if code != 0 else None)
-        if report:
-            self.console.say(report)
-        if len(attempts) > 1:
+        reason = self._hang_reason or self._ended_by or self._stop_reason
+        if not self._reported:
+            self._report(code, exits, root, reason)
+        if len(attempts) > 1 and not self.options.restarted_outside:  # else whoever restarts lists them
             self.console.say(f"clusterddp: {len(attempts)} attempts:")
             for attempt in attempts:
                 self.console.say(f"clusterddp:   {attempt.line()}")
@@ -149,6 +162,18 @@ class LocalSupervisor:
             self._stop_reason = reason
             self._stop_signal = signum
         self._wake.set()
+
+    def end_attempt(self, attempt: int, reason: str) -> None:
+        """Ask the run loop to end attempt ``attempt`` as a failure (safe from threads): its
+        workers are torn down, the launcher stays, and the coordinator decides what comes next.
+        A whole-job restart's other nodes are told so when one node failed."""
+        self._end_requested = (attempt, reason)
+        self._wake.set()
+
+    def _report(self, code: int, exits: list[WorkerExit], root: WorkerExit | None, reason: str | None) -> None:
+        report = format_report(self.options.job_name, exits, root, reason if code != 0 else None)
+        if report:
+            self.console.say(report)
 
     def _emit(self, line: str) -> None:
         """A machine-readable line on stdout, for the SSH head."""
@@ -172,14 +197,17 @@ class LocalSupervisor:
             number = len(attempts)
             began = time.monotonic()
             exits, root = self._run_once(number)
-            failed = root is not None or self._hang_reason is not None
+            failed = root is not None or self._hang_reason is not None or self._ended_by is not None
             code = self._code(root, exits) if failed or self._stop_reason is not None else 0
-            cause = self._hang_reason or (f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
+            cause = self._hang_reason or (f"rank {root.rank} on {root.host} {root.outcome()}" if root else None) \
+                or self._ended_by
             attempts.append(AttemptEnd(number, len(self.plans), self.topology.host, code,
                                        cause or (self._stop_reason if code else None), time.monotonic() - began))
             backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
+            # an attempt ended from outside failed elsewhere: nothing here to judge
+            judged = failed and (root is not None or self._hang_reason is not None)
             failure = failure_of(code, root.signal_name if root else None, root.tail if root else (),
-                                 hang=self._hang_reason is not None) if failed else None
+                                 hang=self._hang_reason is not None) if judged else None
             self._progressed = self.runlog.progressed()
             repeat = will_repeat(failure, bool(self._progressed), previous,
                                  self.options.first_attempt + number - 1 if previous else None,
@@ -192,7 +220,7 @@ class LocalSupervisor:
                 why = "whole-job restarts are decided by whoever started the nodes"
             self._attempt_ended(code, cause, failure, root, backoff, why)
             previous = failure
-            if backoff is None and failed and self._told_to_restart(number, code, root, failure):
+            if backoff is None and failed and self._told_to_restart(number, code, exits, root, failure):
                 continue
             if backoff is None:
                 return code, exits, root, attempts
@@ -204,12 +232,22 @@ class LocalSupervisor:
                 # Stopped while nothing ran: the launcher's own stop decides the code (128+N).
                 return exit_code(None, [], False, self._stop_signal), exits, root, attempts
 
-    def _told_to_restart(self, number: int, code: int, root: WorkerExit | None, failure: Failure | None) -> bool:
+    def _told_to_restart(self, number: int, code: int, exits: list[WorkerExit], root: WorkerExit | None,
+                         failure: Failure | None) -> bool:
         """Ask the coordinator (if any) whether the whole job restarts in place; True: the
-        plans are the next attempt's, run it now."""
+        plans are the next attempt's, run it now.
+
+        The attempt's report goes out first, and for the SSH head its result line, marked
+        waiting: the decision needs every node's, so it must not wait for a node's last line."""
         if self.coordinator is None or self._stop_reason is not None:
             return False
         attempt = self.options.first_attempt + number
+        reason = self._hang_reason or self._ended_by
+        self._report(code, exits, root, reason)
+        self._reported = True
+        if self.options.report_json:
+            self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason,
+                                   self._progressed, waiting_after=attempt))
         told = self.coordinator.next_attempt(
             AttemptEnded(attempt, code, root, failure, bool(self._progressed), self._hang_reason),
             lambda: self._stop_reason is not None)
@@ -217,6 +255,7 @@ class LocalSupervisor:
             return False
         if told.attempt != attempt + 1:
             raise RuntimeError(f"told to run attempt {told.attempt} after attempt {attempt}")
+        self._reported = False
         self.plans = replanned(self.plans, told.master_port)
         self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port)
         return True
@@ -250,12 +289,14 @@ class LocalSupervisor:
 
     def _run_once(self, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
         self._hang_reason = None
+        self._ended_by = None
+        self._attempt = self.options.first_attempt + attempt
         self.group.new_attempt()
         self.hooks.new_attempt()
         self.runlog.attempt_started(self.options.first_attempt + attempt,
                                     [(p.rank, p.env.heartbeat_file) for p in self.plans])
         try:
-            if self._stop_reason is None:  # all at once: the zygote forks them back to back
+            if self._stop_reason is None and not self._ending():  # all at once: forked back to back
                 self.group.start_all(self.plans, self.options.first_attempt + attempt)
             root = self._supervise()
         finally:
@@ -268,7 +309,7 @@ class LocalSupervisor:
             cause = self.group.check_reaper()  # its SIGCHLD woke us: replaced within ms
             if cause is not None:
                 self.request_stop(cause)
-            if self._stop_reason is not None or self._hang_reason is not None:
+            if self._stop_reason is not None or self._hang_reason is not None or self._ending():
                 return None
             failed = self.group.poll()
             if failed:
@@ -285,6 +326,13 @@ class LocalSupervisor:
             self.group.adopt_orphans()
             self._wake.wait(0.1)
             self._wake.clear()
+
+    def _ending(self) -> bool:
+        """Was the running attempt asked to end (``end_attempt``)? Then it ends as a failure."""
+        asked = self._end_requested
+        if asked is not None and asked[0] == self._attempt:
+            self._ended_by = asked[1]
+        return self._ended_by is not None
 
     def _check_hang(self) -> None:
         """A hang ends this attempt as a failure (exit 124), to be restarted like any other;
