@@ -49,6 +49,24 @@ def write_job(lab: SSHLab, script: str, *, nproc: int = 2, args: list[str] | Non
     return path
 
 
+def launcher_pid(lab: SSHLab, host_name: str) -> int:
+    """The launcher on a host: the stub the head started became it (``python -c SOURCE``). Its
+    forked reaper (and a worker between fork and exec) has the same command line, so the
+    launcher is the one whose parent is not such a process."""
+    stubs: dict[int, int] = {}
+    for pid in lab.processes(lab.host(host_name)):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if b"CLUSTERDDP_PROBE" in cmdline:
+            stubs[pid] = parent
+    launchers = [pid for pid, parent in stubs.items() if parent not in stubs]
+    assert len(launchers) == 1, f"launchers on {host_name}: {stubs} (pid: parent)"
+    return launchers[0]
+
+
 class Head:
     """``python -m clusterddp run ...`` as a child process, its output collected by threads."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.ssh.conftest import REPO, write_job
+from tests.ssh.conftest import REPO, launcher_pid as _launcher_pid, write_job
 from tests.testbed import SSHLab
 
 pytestmark = pytest.mark.slow
@@ -53,24 +53,6 @@ def _wait_stderr(head, pattern: str, timeout: float = 60.0) -> float:  # type: i
         assert time.monotonic() < deadline, f"no stderr line {pattern!r}:\n{head.output()}"
         time.sleep(0.02)
     return time.monotonic()
-
-
-def _launcher_pid(lab: SSHLab, host_name: str) -> int:
-    """The launcher on a host: the stub the head started became it (``python -c SOURCE``). Its
-    forked reaper (and a worker between fork and exec) has the same command line, so the
-    launcher is the one whose parent is not such a process."""
-    stubs: dict[int, int] = {}
-    for pid in lab.processes(lab.host(host_name)):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if b"CLUSTERDDP_PROBE" in cmdline:
-            stubs[pid] = parent
-    launchers = [pid for pid, parent in stubs.items() if parent not in stubs]
-    assert len(launchers) == 1, f"launchers on {host_name}: {stubs} (pid: parent)"
-    return launchers[0]
 
 
 def _epochs_done(head) -> list[int]:  # type: ignore[no-untyped-def]

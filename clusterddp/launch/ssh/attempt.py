@@ -17,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
@@ -108,6 +108,8 @@ class Start:
     plans: list[LaunchPlan]
     master_addr: str
     master_port: int
+    #: Candidates not chosen, and why (said again when the attempt is restarted in place).
+    left_out: list[tuple[str, str]] = field(default_factory=list)
 
 
 def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:
@@ -145,12 +147,13 @@ def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:
         session.node_rank = node_rank
     plans = plan_launchers(launch, chosen, master_addr or "", port, number)
     world = sum(p.nproc for p in plans)
+    left_out = selection.left_out + list(dead.items())
     if number == 0:
         launch.console.say(f"preflight passed on {len(chosen)} hosts in {time.monotonic() - started:.1f}s; "
             f"master {master_addr}:{port}" + (f", world size {world}" if launch.job.elastic else ""))
     else:
-        launch.console.say(start_line(number, [p.host for p in plans], world, selection.left_out + list(dead.items())))
-    return Start(chosen, plans, master_addr or "", port)
+        launch.console.say(start_line(number, [p.host for p in plans], world, left_out))
+    return Start(chosen, plans, master_addr or "", port, left_out)
 
 
 def _close(sessions: Iterable[HostSession]) -> None:
@@ -206,7 +209,8 @@ def plan_launchers(launch: Launch, sessions: Sequence[HostSession], master_addr:
     job, options = launch.job, launch.options
     counts = [_nproc(job, options, session)[0] for session in sessions]
     layout = ["--workers-per-node", ",".join(str(c) for c in counts)] if len(set(counts)) > 1 else []
-    restart = ["--restart-count", str(number)]
+    # while restarts are left, a failed attempt's launchers wait for the next one (inplace.py)
+    restart = ["--restart-count", str(number), *(["--await-restart"] if number < job.restarts else [])]
     plans = []
     for session, nproc in zip(sessions, counts):
         route = session.facts.get("route") or {}

@@ -28,8 +28,9 @@ from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start
 from clusterddp.launch.ssh.gather import Gatherer
 from clusterddp.launch.ssh.headlog import HeadLog
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
-from clusterddp.launch.ssh.io import Console, RemoteLauncher, start_hosts
-from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, format_outcome
+from clusterddp.launch.ssh import inplace, io
+from clusterddp.launch.ssh.io import Console, RemoteLauncher, restart_hosts, start_hosts
+from clusterddp.launch.ssh.outcome import HostState, Outcome, attempt_failure, format_outcome
 from clusterddp.launch.ssh.reach import ConnectSettings, PreflightError
 from clusterddp.launch.ssh.relay import Relay
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, restart_marker, write_launcher_file
@@ -111,7 +112,9 @@ def _node_bounds(job: JobSpec, hosts: Sequence[Host]) -> tuple[int, int]:
 
 def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: HeadLog) -> int:
     """Start the job, and start it again after a failure while restarts are left, unless the
-    failure will repeat (``HeadLog.judge``: the verdict a launcher alone applies).
+    failure will repeat (``HeadLog.judge``: the verdict a launcher alone applies). A restart
+    runs in place on the launchers that wait for it when it can (``inplace``), else it probes
+    and launches anew.
 
     ``head_lock`` takes the run's head lock once the first preflight passed, before any host
     starts: a second job with this run id would overwrite launcher.json and append to the
@@ -122,12 +125,18 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
     run_dir = Path(launch.job.logs.dir) / launch.run_id
     gatherer = Gatherer(os.path.join(launch.cwd, launch.job.logs.dir, launch.run_id), run_dir, console,
                         launch.settings.timeout)
+    kept: tuple[Start, list[RemoteLauncher]] | None = None  # hosts waiting for the restart word
     while True:
         number = len(attempts)
-        start: Start | None = None
+        start: Start | None = kept[0] if kept else None
+        keep = False
         try:
+            if kept is not None and not inplace.still_waiting(kept[1]):
+                ended = _release(launch, kept[0], stop.signum, gatherer)  # one ended during the backoff
+                dead = _lost(ended, launch.job.elastic, number)
+                start = kept = None
             try:
-                start = prepare(launch, number, dead)
+                start = inplace.in_place_start(launch, kept[0], number) if kept else prepare(launch, number, dead)
             except PreflightError as exc:
                 if not attempts:
                     raise
@@ -141,6 +150,8 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
                 return 0
             if stop.signum is not None:
                 console.say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
+                if kept:
+                    _release(launch, start, stop.signum, gatherer)
                 return 128 + stop.signum if not attempts else _finish(attempts, launch.console)
             if not head_lock.fds:
                 head_lock.fds = runlock.lock_head(str(Path(launch.job.logs.dir) / launch.run_id),
@@ -148,27 +159,69 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
             log.open(str(run_dir), [p.host for p in start.plans])
             log.attempt_started(number, [p.host for p in start.plans], sum(p.nproc for p in start.plans))
             began = time.monotonic()
-            outcome = _run(launch, start, number, stop, gatherer, log)
+            outcome = _run(launch, start, number, stop, gatherer, log, in_place=kept is not None)
+            attempts.append(Attempt(number=number, hosts=tuple(p.host for p in start.plans),
+                                    world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
+                                    failure=attempt_failure(outcome), seconds=time.monotonic() - began))
+            backoff = _restart_backoff(launch, attempts, outcome, stop, log)
+            waiting = [lau for lau in outcome.launchers if isinstance(lau, RemoteLauncher)]
+            keep = backoff is not None and stop.signum is None and inplace.keepable(launch, waiting)
+            released = [] if keep else _release(launch, start, stop.signum, gatherer, waiting)
         finally:
-            for session in start.sessions if start else ():
-                session.close()
-        attempts.append(Attempt(number=number, hosts=tuple(p.host for p in start.plans),
-                                world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
-                                failure=attempt_failure(outcome), seconds=time.monotonic() - began))
-        backoff = _restart_backoff(launch, attempts, outcome, stop, log)
+            if not keep:
+                for session in start.sessions if start else ():
+                    session.close()
+        kept = (start, waiting) if keep else None
         if backoff is None:
             return _finish(attempts, launch.console)
-        dead = {lau.name: f"connection lost in attempt {number + 1}" for lau in outcome.launchers
-                if lau.lost} if launch.job.elastic else {}
+        dead = _lost([*outcome.launchers, *released], launch.job.elastic, number + 1)
         console.say(restart_line(attempts[-1], launch.job.restarts, backoff, dead))
         # The backoff counts from the failure: stopping the other hosts was part of it.
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
-        if _pause(backoff - stopping, stop):
+        if inplace.keep_alive(kept[1] if kept else [], backoff - stopping, lambda: stop.signum is not None,
+                              launch.options.heartbeat_interval):
             signum = stop.signum or signal.SIGTERM
             console.say(f"{signal.Signals(signum).name} before the restart: not restarting")
             log.emit("stop", why=f"{signal.Signals(signum).name} on the head before the restart")
+            if kept:
+                try:
+                    _release(launch, kept[0], signum, gatherer)
+                finally:
+                    for session in kept[0].sessions:
+                        session.close()
             _finish(attempts, launch.console)
             return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
+
+
+def _lost(launchers: Sequence[HostState], elastic: bool, attempt: int) -> dict[str, str]:
+    """Hosts whose connection was lost (left out of an elastic job's next attempt)."""
+    return {lau.name: f"connection lost in attempt {attempt}" for lau in launchers if lau.lost} if elastic else {}
+
+
+def _release(launch: Launch, start: Start, signum: int | None, gatherer: Gatherer,
+             launchers: Sequence[RemoteLauncher] | None = None) -> list[RemoteLauncher]:
+    """End the launchers that wait for a restart word that will not come (the job ends, or the
+    next attempt starts anew): EOF (after the stop byte, if the head got a signal), then relay
+    their last lines until their sessions end, as a stop does; their event logs gathered.
+    ``launchers``: those of the attempt just run, of which only the waiting ones are released."""
+    sessions = [lau.session for lau in launchers if io.waiting(lau)] if launchers is not None else start.sessions
+    if not sessions:
+        return []
+    log_dir = Path(launch.job.logs.dir) / launch.run_id
+    plans = {plan.host: plan for plan in start.plans}
+    ending = [RemoteLauncher(session=s, plan=plans[s.host.name], log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
+              for s in sessions]
+    try:
+        relay = Relay(ending, launch.console, launch.settings, grace_period=launch.job.grace_period,
+                      heartbeat_interval=launch.options.heartbeat_interval)
+        relay.request_stop("the job ends" if signum is None else f"{signal.Signals(signum).name} on the head",
+                           signum)
+        relay.run()
+        gatherer.gather(ending)
+    finally:
+        for launcher in ending:
+            launcher.log.close()
+    return ending
 
 
 def _restart_backoff(launch: Launch, attempts: list[Attempt], outcome: Outcome, stop: _Stop,
@@ -183,16 +236,6 @@ def _restart_backoff(launch: Launch, attempts: list[Attempt], outcome: Outcome, 
         backoff = None
     log.attempt_ended(number, outcome, backoff, repeat, outcome.stop_reason if stop.signum is not None else None)
     return backoff
-
-
-def _pause(seconds: float, stop: _Stop) -> bool:
-    """Wait before a restart; True when a stop signal came meanwhile."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if stop.signum is not None:
-            return True
-        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-    return stop.signum is not None
 
 
 def _finish(attempts: Sequence[Attempt], console: Console) -> int:
@@ -216,15 +259,21 @@ def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]
     return target, paths
 
 
-def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gatherer, log: HeadLog) -> Outcome:
-    """One attempt, step by step: each chosen host's log opened, GO to every host at once, relay
-    until the end, the hosts' event logs gathered, report its failure."""
+def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gatherer, log: HeadLog,
+         in_place: bool = False) -> Outcome:
+    """One attempt, step by step: each chosen host's log opened, GO to every host at once (or,
+    ``in_place``, the restart word to every waiting launcher), relay until the end, the hosts'
+    event logs gathered, report its failure."""
     log_dir = Path(launch.job.logs.dir) / launch.run_id
     launchers = _launchers(launch, start, number, log_dir)
     try:
-        start_hosts(launchers)
+        if in_place:
+            restart_hosts(launchers, number, start.master_port)
+        else:
+            start_hosts(launchers)
         gatherer.look(launchers)
-        outcome = _relay(launch, launchers, log_dir, stop, log)
+        outcome = _relay(launch, launchers, log_dir, stop, log,
+                         in_place=number if number < launch.job.restarts else None)
         gatherer.gather(launchers)
     finally:
         for launcher in launchers:
@@ -249,10 +298,13 @@ def _launchers(launch: Launch, start: Start, number: int, log_dir: Path) -> list
     return launchers
 
 
-def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop: _Stop, log: HeadLog) -> Outcome:
-    """Relay the started hosts until the end; a stop signal that came before is acted on at once."""
+def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop: _Stop, log: HeadLog,
+           in_place: int | None) -> Outcome:
+    """Relay the started hosts until the end; a stop signal that came before is acted on at once.
+    ``in_place``: the attempt, when a failure only ends it (the hosts wait for the next)."""
     relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
-                  heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir, events=log.events)
+                  heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir, events=log.events,
+                  in_place=in_place)
     if launch.job.logs.merge and launch.job.logs.prefix:
         world = sum(launcher.plan.nproc for launcher in launchers)
         shown = launch.job.logs.ranks

@@ -16,7 +16,7 @@ from clusterddp.launch.merge import LineMerger, Source, parse_label, ranks_label
 
 from clusterddp.launch.ssh.outcome import HostState
 from clusterddp.launch.ssh.reach import USER_TIMEOUT_MS, HostSession, LaunchPlan
-from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result
+from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result, restart_word
 from clusterddp.redact import mask
 
 #: ``(launcher, "out" | "err", line ending in a newline)``
@@ -36,6 +36,10 @@ class RemoteLauncher(HostState):
         self.partial: dict[str, bytes] = {"out": b"", "err": b""}
         #: Inside the launcher's own stderr block about a dump (kept out of the console).
         self.in_stacks_block = False
+        #: The head closed the launcher's stdin (EOF): no heartbeat or word can follow.
+        self.stdin_closed = False
+        #: The session is over (the launcher exited, or the connection is lost).
+        self.over = False
 
     @property
     def channel(self) -> Any:
@@ -116,6 +120,13 @@ def start_hosts(launchers: Sequence[RemoteLauncher]) -> None:
         launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
 
 
+def restart_hosts(launchers: Sequence[RemoteLauncher], attempt: int, master_port: int) -> None:
+    """The restart word to every host's waiting launcher, back to back: each runs ``attempt``
+    in place on ``master_port``, its workers forked from the interpreter it kept."""
+    for launcher in launchers:
+        launcher.channel.sendall(restart_word(attempt, master_port))
+
+
 def drain(launcher: RemoteLauncher, on_line: LineHandler) -> None:
     """Read whatever the channel holds, handing on every complete line."""
     channel = launcher.channel
@@ -159,8 +170,21 @@ def poll_end(launcher: RemoteLauncher) -> bool:
         launcher.exit_status = status
         if launcher.failed() and launcher.failed_at is None:
             launcher.failed_at = time.time()
-    launcher.done = True
+    launcher.done = launcher.over = True
     return True
+
+
+def waiting(launcher: RemoteLauncher) -> bool:
+    """The launcher reported a failed attempt and waits for the head's word (its session
+    still open, as far as the head knows): it has ended this attempt."""
+    return launcher.waits and not launcher.stdin_closed and not launcher.over
+
+
+def alive(launcher: RemoteLauncher) -> bool:
+    """Its session still runs: no exit status, and the connection is up."""
+    channel = launcher.channel
+    transport = channel.get_transport()
+    return not channel.exit_status_ready() and transport is not None and transport.is_active()
 
 
 def read_result(launcher: RemoteLauncher, line: bytes) -> None:
@@ -185,16 +209,11 @@ def in_stacks_block(launcher: RemoteLauncher, line: bytes) -> bool:
 
 
 def heartbeat(launchers: Sequence[RemoteLauncher]) -> None:
-    """A newline down every running launcher's stdin: it stops when these stop coming."""
-    send_running(launchers, b"\n")
-
-
-def send_running(launchers: Sequence[RemoteLauncher], data: bytes) -> None:
-    """``data`` to every launcher still running; a dead connection is noticed by ``poll_end``
-    and the host's own heartbeat check stops it."""
+    """A newline down every launcher's stdin still open (running, or waiting for the head's
+    word): it stops when these stop coming."""
     for launcher in launchers:
-        if not launcher.done:
-            send(launcher, data)
+        if not launcher.stdin_closed and not launcher.over:
+            send(launcher, b"\n")
 
 
 def send(launcher: RemoteLauncher, data: bytes) -> None:

@@ -44,8 +44,10 @@ class HostState:
     lost: str | None = None
     #: Wall-clock time of this host's failure as far as the head can tell.
     failed_at: float | None = None
+    #: Reported for this attempt: its session ended, or it waits for the head's word.
     done: bool = False
-    #: The head closed this launcher's stdin: what it does next is a consequence, not a cause.
+    #: The head told this launcher to stop or to end the attempt (EOF, or the end word) before
+    #: it failed: what it does next is a consequence, not a cause.
     eof_sent: bool = False
     #: Where the host is and its node rank, for the report.
     address: str = ""
@@ -58,6 +60,12 @@ class HostState:
     def failed(self) -> bool:
         code = self.exit_code
         return code is not None and code != 0
+
+    @property
+    def waits(self) -> bool:
+        """Its result line says that its launcher outlives the failed attempt and waits for
+        the head's word (``--await-restart``): restart in place, or end."""
+        return bool((self.result or {}).get("waiting"))
 
 
 H = TypeVar("H", bound=HostState)

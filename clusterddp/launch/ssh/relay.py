@@ -14,6 +14,11 @@ layers 1 and 2):
 
 1. the head closes each launcher's stdin (EOF), after a byte naming the signal when it got
    one: the launcher stops its workers (with that signal, as a launcher that got it) and reports;
+   when the job will be restarted in place (``in_place``: restarts left, the launchers started
+   with ``--await-restart``), a failure instead sends the end word (``protocol.end_attempt_word``):
+   each launcher tears down its workers, reports, and waits for the head's word with its zygote
+   (a waiting launcher counts as done for the attempt); a stop signal after that still closes
+   every stdin, the waiting launchers' too;
 2. hosts still running ``grace + 2`` s later get ``kill -TERM -- -PGID`` over a new channel
    (or a new connection), then ``-KILL`` 2 s after that;
 3. a host the head cannot reach stops on its own: its launcher sees no heartbeat for 6 s;
@@ -47,8 +52,9 @@ from clusterddp.launch.ssh.reach import ConnectError, ConnectSettings, kill_comm
 from clusterddp.launch.ssh.stacks import HANG_WAIT, REQUEST_WAIT, StacksRound
 from clusterddp.events import EventLog
 from clusterddp.progress import RankProgress, parse_record
-from clusterddp.protocol import (PROGRESS_MARKER, RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE, parse_progress,
-                                 parse_stacks, stop_request_byte, write_stacks_report)
+from clusterddp.protocol import (PROGRESS_MARKER, RESULT_MARKER, STACKS_MARKER, STACKS_REQUEST_BYTE,
+                                 end_attempt_word, parse_progress, parse_stacks, stop_request_byte,
+                                 write_stacks_report)
 from clusterddp.stackreport import HostStacks
 from clusterddp.straggler import StragglerWatch
 
@@ -62,8 +68,12 @@ class Relay:
 
     def __init__(self, launchers: list[RemoteLauncher], console: Console,
                  settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
-                 log_dir: Path | None = None, events: EventLog | None = None) -> None:
+                 log_dir: Path | None = None, events: EventLog | None = None,
+                 in_place: int | None = None) -> None:
         self.launchers = launchers
+        #: The attempt, when a failure ends it on every host rather than stopping the hosts
+        #: (the job has restarts left and its launchers wait for the head's word).
+        self.in_place = in_place
         self.console = console
         self.heartbeat_interval = heartbeat_interval
         self.stop_reason: str | None = None
@@ -86,11 +96,14 @@ class Relay:
         self._events: EventLog | None = events
 
     def request_stop(self, reason: str, signum: int | None = None) -> None:
-        """Stop every host (safe from a signal handler: the loop acts on it)."""
+        """Stop every host (safe from a signal handler: the loop acts on it). A stop signal
+        after a failure is kept too: the hosts then stop, not only the attempt."""
         if self.stop_reason is None:
             self.stop_reason = reason
             self.stop_signal = signum
             self.stop_began = time.monotonic()
+        elif signum is not None and self.stop_signal is None:
+            self.stop_signal = signum
 
     def request_stacks(self) -> None:
         """Ask every host for its ranks' stacks (safe from a signal handler: the loop acts)."""
@@ -106,14 +119,15 @@ class Relay:
             while any(not lau.done for lau in self.launchers):
                 selector.select(timeout=0.1)
                 for launcher in self.launchers:
-                    if not launcher.done:
+                    if not launcher.over:  # a waiting launcher is read on: its end is noticed
                         io.drain(launcher, self._line)
                         if self._ended(launcher):
                             selector.unregister(launcher.channel.fileno())
+                    launcher.done = launcher.over or io.waiting(launcher)
                 self._stacks_step(time.monotonic())
                 self._decide()
                 now = time.monotonic()
-                if not self.teardown.started and now >= next_beat:
+                if now >= next_beat:  # to every open stdin, the waiting launchers' too
                     io.heartbeat(self.launchers)
                     next_beat = now + self.heartbeat_interval
                 if self.teardown.started and self.teardown.escalate(self.launchers, now):
@@ -158,14 +172,15 @@ class Relay:
 
     def _decide(self) -> None:
         if self.stop_reason is not None:
-            self.teardown.begin(self.launchers, self.stop_signal)
+            ending = self.in_place is not None and self.stop_signal is None
+            self.teardown.begin(self.launchers, self.stop_signal, self.in_place if ending else None)
             return
         if self.hang_host is not None and not self._hang_reported:
             return  # the other hosts are being asked where their ranks are; _stacks_step stops the job
         failed = unhandled_failure(self.launchers)
         if failed is not None:
             self.request_stop(failure_reason(failed))
-            self.teardown.begin(self.launchers, self.stop_signal)
+            self._decide()
 
     # -- the slow host ---------------------------------------------------------------------
 
@@ -273,8 +288,10 @@ class Teardown:
         self.settings = settings
         self.grace_period = grace_period
         self.console = console
-        #: When the head closed the launchers' stdin (monotonic); None until then.
+        #: When the head closed the launchers' stdin or ended the attempt (monotonic); None until then.
         self.started_at: float | None = None
+        #: Every stdin is closed (not only the attempt ended).
+        self.stopping = False
         self._term_sent = False
         self._kill_sent = False
         self._killers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ssh-kill")
@@ -283,22 +300,36 @@ class Teardown:
     def started(self) -> bool:
         return self.started_at is not None
 
-    def begin(self, launchers: Sequence[RemoteLauncher], signum: int | None = None) -> None:
-        """EOF on every running launcher's stdin: it stops its workers and reports. ``signum``:
-        the stop signal the head got, written just before the EOF, so every host passes it on
-        to its workers as it would had it got the signal itself."""
-        if self.started_at is not None:
+    def begin(self, launchers: Sequence[RemoteLauncher], signum: int | None = None,
+              end_attempt: int | None = None) -> None:
+        """EOF on every launcher's open stdin, a waiting one's too: it stops its workers (if
+        any) and reports. ``signum``: the stop signal the head got, written just before the
+        EOF, so every host passes it on to its workers as it would had it got the signal itself.
+
+        ``end_attempt``: only end that attempt, with the end word to every launcher still in
+        it; they stay, waiting. A later call without it (a stop signal) still closes every stdin."""
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+        elif self.stopping or end_attempt is not None:
             return
-        self.started_at = time.monotonic()
+        self.stopping = end_attempt is None
         for launcher in launchers:
+            if launcher.over or launcher.stdin_closed:
+                continue
             if not launcher.done:
                 launcher.eof_sent = True
-                if signum is not None:
-                    io.send(launcher, stop_request_byte(signum))
-                try:
-                    launcher.channel.shutdown_write()
-                except (OSError, EOFError, Exception):  # noqa: BLE001
-                    pass
+            if end_attempt is not None:
+                if not launcher.done:
+                    io.send(launcher, end_attempt_word(end_attempt))
+                continue
+            launcher.stdin_closed = True
+            launcher.done = launcher.over
+            if signum is not None:
+                io.send(launcher, stop_request_byte(signum))
+            try:
+                launcher.channel.shutdown_write()
+            except (OSError, EOFError, Exception):  # noqa: BLE001
+                pass
 
     def escalate(self, launchers: Sequence[RemoteLauncher], now: float) -> bool:
         """Kill stragglers by process group; True when it is time to give up waiting."""
