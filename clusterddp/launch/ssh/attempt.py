@@ -6,9 +6,10 @@ each one's launcher (the exact argv and env its stub will ``execve``, built here
 Everything here talks to hosts only through ``reach`` (connect, stub, preflight).
 
 The head owns restarts of a fan-out (``restarts: N``): any failure (a rank's non-zero exit, a
-lost host, a hang) stops every host as before, then the whole job starts again on every
-host with the same run id and ``--restart-count K`` (TORCHELASTIC_RESTART_COUNT=K). No host
-ever restarts its own group alone: its peers would not come back with it. ``Attempt``,
+lost host, a hang) ends the attempt on every host, then the whole job starts again on every
+host with the same run id and ``--restart-count K`` (TORCHELASTIC_RESTART_COUNT=K), in place
+on the launchers that wait for it where it can (``inplace``), else probed and launched anew
+(``prepare``). No host ever restarts its own group alone: its peers would not come back with it. ``Attempt``,
 ``next_backoff`` and the lines below are pure functions over plain data.
 """
 

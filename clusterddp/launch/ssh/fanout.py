@@ -119,78 +119,135 @@ def _attempts(launch: Launch, stop: _Stop, head_lock: runlock.RankLocks, log: He
     ``head_lock`` takes the run's head lock once the first preflight passed, before any host
     starts: a second job with this run id would overwrite launcher.json and append to the
     first's ssh-<host>.log (its hosts would refuse it too, later and once per host)."""
-    console = launch.console
-    attempts: list[Attempt] = []
-    dead: dict[str, str] = {}  # hosts whose connection was lost in the last attempt
     run_dir = Path(launch.job.logs.dir) / launch.run_id
-    gatherer = Gatherer(os.path.join(launch.cwd, launch.job.logs.dir, launch.run_id), run_dir, console,
+    gatherer = Gatherer(os.path.join(launch.cwd, launch.job.logs.dir, launch.run_id), run_dir, launch.console,
                         launch.settings.timeout)
-    kept: tuple[Start, list[RemoteLauncher]] | None = None  # hosts waiting for the restart word
+    loop = _Attempts(launch, stop, head_lock, log, gatherer, run_dir)
     while True:
-        number = len(attempts)
-        start: Start | None = kept[0] if kept else None
+        try:
+            loop.next()
+        except _JobEnds as ends:
+            return ends.code
+
+
+class _JobEnds(Exception):
+    """The job ends with ``code``, at whatever step of an attempt found it."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class _Attempts:
+    """The head's attempts, one ``next`` each: what carries from one to the next."""
+
+    launch: Launch
+    stop: _Stop
+    head_lock: runlock.RankLocks
+    log: HeadLog
+    gatherer: Gatherer
+    run_dir: Path
+    attempts: list[Attempt] = field(default_factory=list)
+    #: Hosts whose connection was lost in the last attempt (an elastic job leaves them out).
+    dead: dict[str, str] = field(default_factory=dict)
+    #: The last attempt's hosts, when their launchers wait for the restart word.
+    kept: tuple[Start, list[RemoteLauncher]] | None = None
+
+    def next(self) -> None:
+        """One attempt and the wait after it; raises ``_JobEnds`` when the job ends."""
+        launch, stop, number = self.launch, self.stop, len(self.attempts)
+        held = list(self.kept[0].sessions) if self.kept else []  # closed unless kept again
         keep = False
         try:
-            if kept is not None and not inplace.still_waiting(kept[1]):
-                ended = _release(launch, kept[0], stop.signum, gatherer)  # one ended during the backoff
-                dead = _lost(ended, launch.job.elastic, number)
-                start = kept = None
-            try:
-                start = inplace.in_place_start(launch, kept[0], number) if kept else prepare(launch, number, dead)
-            except PreflightError as exc:
-                if not attempts:
-                    raise
-                console.say(f"restart {number}: {exc}")
-                for detail in exc.details:
-                    console.say(f"  {detail}")
-                return _finish(attempts, launch.console)
-            if launch.options.dry_run:
-                launch.console.write_out(dry_run_text(launch.job, start.plans, start.sessions, start.master_addr,
-                                                      start.master_port, launch.run_id))
-                return 0
+            start, in_place = self._start(number)
+            held = list(start.sessions)
             if stop.signum is not None:
-                console.say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
-                if kept:
-                    _release(launch, start, stop.signum, gatherer)
-                return 128 + stop.signum if not attempts else _finish(attempts, launch.console)
-            if not head_lock.fds:
-                head_lock.fds = runlock.lock_head(str(Path(launch.job.logs.dir) / launch.run_id),
-                                                  launch.job.where("logs.dir"), launch.run_id).fds
-            log.open(str(run_dir), [p.host for p in start.plans])
-            log.attempt_started(number, [p.host for p in start.plans], sum(p.nproc for p in start.plans))
-            began = time.monotonic()
-            outcome = _run(launch, start, number, stop, gatherer, log, in_place=kept is not None)
-            attempts.append(Attempt(number=number, hosts=tuple(p.host for p in start.plans),
-                                    world_size=sum(p.nproc for p in start.plans), exit_code=outcome.exit_code,
-                                    failure=attempt_failure(outcome), seconds=time.monotonic() - began))
-            backoff = _restart_backoff(launch, attempts, outcome, stop, log)
+                launch.console.say(f"{signal.Signals(stop.signum).name} during preflight: nothing was started")
+                if in_place:
+                    _release(launch, start, stop.signum, self.gatherer)
+                raise _JobEnds(128 + stop.signum if not self.attempts else _finish(self.attempts, launch.console))
+            outcome = self._run(start, number, in_place)
+            backoff = _restart_backoff(launch, self.attempts, outcome, stop, self.log)
             waiting = [lau for lau in outcome.launchers if isinstance(lau, RemoteLauncher)]
             keep = backoff is not None and stop.signum is None and inplace.keepable(launch, waiting)
-            released = [] if keep else _release(launch, start, stop.signum, gatherer, waiting)
+            released = [] if keep else _release(launch, start, stop.signum, self.gatherer, waiting)
         finally:
             if not keep:
-                for session in start.sessions if start else ():
+                for session in held:
                     session.close()
-        kept = (start, waiting) if keep else None
+        self.kept = (start, waiting) if keep else None
         if backoff is None:
-            return _finish(attempts, launch.console)
-        dead = _lost([*outcome.launchers, *released], launch.job.elastic, number + 1)
-        console.say(restart_line(attempts[-1], launch.job.restarts, backoff, dead))
+            raise _JobEnds(_finish(self.attempts, launch.console))
+        self.dead = _lost([*outcome.launchers, *released], launch.job.elastic, number + 1)
+        launch.console.say(restart_line(self.attempts[-1], launch.job.restarts, backoff, self.dead))
         # The backoff counts from the failure: stopping the other hosts was part of it.
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
-        if inplace.keep_alive(kept[1] if kept else [], backoff - stopping, lambda: stop.signum is not None,
+        if inplace.keep_alive(waiting if keep else [], backoff - stopping, lambda: stop.signum is not None,
                               launch.options.heartbeat_interval):
-            signum = stop.signum or signal.SIGTERM
-            console.say(f"{signal.Signals(signum).name} before the restart: not restarting")
-            log.emit("stop", why=f"{signal.Signals(signum).name} on the head before the restart")
-            if kept:
-                try:
-                    _release(launch, kept[0], signum, gatherer)
-                finally:
-                    for session in kept[0].sessions:
-                        session.close()
-            _finish(attempts, launch.console)
-            return 128 + signum  # a stop is the job's end, as on one node (supervisor.py)
+            self._stopped_before_restart()
+
+    def _start(self, number: int) -> tuple[Start, bool]:
+        """Attempt ``number``'s hosts, and whether it runs in place: on the kept launchers while
+        they all still wait, else probed anew (those still waiting released first)."""
+        launch, kept = self.launch, self.kept
+        self.kept = None
+        if kept is not None and not inplace.still_waiting(kept[1]):
+            try:
+                ended = _release(launch, kept[0], self.stop.signum, self.gatherer)  # one ended meanwhile
+            finally:
+                for session in kept[0].sessions:
+                    session.close()
+            self.dead, kept = _lost(ended, launch.job.elastic, number), None
+        if kept is not None:
+            return inplace.in_place_start(launch, kept[0], number), True
+        try:
+            start = prepare(launch, number, self.dead)
+        except PreflightError as exc:
+            if not self.attempts:
+                raise
+            launch.console.say(f"restart {number}: {exc}")
+            for detail in exc.details:
+                launch.console.say(f"  {detail}")
+            raise _JobEnds(_finish(self.attempts, launch.console)) from None
+        if launch.options.dry_run:
+            launch.console.write_out(dry_run_text(launch.job, start.plans, start.sessions, start.master_addr,
+                                                  start.master_port, launch.run_id))
+            for session in start.sessions:
+                session.close()
+            raise _JobEnds(0)
+        return start, False
+
+    def _run(self, start: Start, number: int, in_place: bool) -> Outcome:
+        """The attempt from the head lock to its record in ``attempts``."""
+        launch = self.launch
+        if not self.head_lock.fds:
+            self.head_lock.fds = runlock.lock_head(str(self.run_dir), launch.job.where("logs.dir"), launch.run_id).fds
+        hosts = [p.host for p in start.plans]
+        world = sum(p.nproc for p in start.plans)
+        self.log.open(str(self.run_dir), hosts)
+        self.log.attempt_started(number, hosts, world)
+        began = time.monotonic()
+        outcome = _run(launch, start, number, self.stop, self.gatherer, self.log, in_place=in_place)
+        self.attempts.append(Attempt(number=number, hosts=tuple(hosts), world_size=world,
+                                     exit_code=outcome.exit_code, failure=attempt_failure(outcome),
+                                     seconds=time.monotonic() - began))
+        return outcome
+
+    def _stopped_before_restart(self) -> None:
+        """A stop signal during the backoff: the waiting launchers released, the job's end."""
+        signum = self.stop.signum or signal.SIGTERM
+        self.launch.console.say(f"{signal.Signals(signum).name} before the restart: not restarting")
+        self.log.emit("stop", why=f"{signal.Signals(signum).name} on the head before the restart")
+        kept, self.kept = self.kept, None
+        if kept:
+            try:
+                _release(self.launch, kept[0], signum, self.gatherer)
+            finally:
+                for session in kept[0].sessions:
+                    session.close()
+        _finish(self.attempts, self.launch.console)
+        raise _JobEnds(128 + signum)  # a stop is the job's end, as on one node (supervisor.py)
 
 
 def _lost(launchers: Sequence[HostState], elastic: bool, attempt: int) -> dict[str, str]:

@@ -1,0 +1,125 @@
+"""A launcher that waits for the head's word after a failed attempt (``--await-restart``): the
+words on stdin, a restart in place on the same launcher, an attempt ended from outside, and the
+flag's bad use. Real launchers with real workers; the test plays the SSH head on stdin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from clusterddp.protocol import RESULT_MARKER, StdinWords, end_attempt_word, restart_word
+from tests.conftest import cli, cli_env, wait_for, write_job
+
+
+@pytest.mark.parametrize("chunks, said", [
+    ([b"\n\nS\n"], [("stacks", 0, None)]),
+    ([b"E3\n"], [("end", 3, None)]),
+    ([b"R4 295", b"01\n\n"], [("restart", 4, 29501)]),           # a word split across reads
+    ([b"\nT"], [("stop", 15, None)]),
+    ([b"R1\n", b"E1 2\n", b"R1 99999\n", b"Rx 1\n", b"E\n"], []),  # malformed words are dropped
+    ([b"R" + b"9" * 40 + b"\nE2\n"], [("end", 2, None)]),          # an overlong word too, the next one counts
+])
+def test_stdin_words(chunks: list[bytes], said: list[tuple[str, int, int | None]]) -> None:
+    """The head's bytes and words, as a launcher's stdin reader takes them from the stream."""
+    words = StdinWords()
+    assert [word for chunk in chunks for word in words.feed(chunk)] == said
+    assert words.feed(restart_word(2, 29000) + end_attempt_word(1)) == [("restart", 2, 29000), ("end", 1, None)]
+
+
+class _Launcher:
+    """``clusterddp run JOB`` as the SSH head starts it on a host, its stdout read by a thread."""
+
+    def __init__(self, job: Path, port: int) -> None:
+        argv = [sys.executable, "-m", "clusterddp", "run", str(job), "--nnodes", "1", "--node-rank", "0",
+                "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", "aw", "--watch-stdin",
+                "--heartbeat-timeout", "60", "--report-json", "--await-restart", "--restart-count", "0"]
+        self.proc = subprocess.Popen(argv, env=cli_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        self.results: list[dict[str, object]] = []
+        self.stderr = b""
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            if line.startswith(RESULT_MARKER):
+                self.results.append(json.loads(line[len(RESULT_MARKER):]))
+
+    def say(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def end(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=30)
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+        return code
+
+
+def test_a_restart_word_runs_the_next_attempt_on_the_same_launcher(job_dir: Path) -> None:
+    """Attempt 0 fails (exit 3): the launcher reports it (result line marked waiting) and waits; the
+    restart word runs attempt 1 in the same launcher (the same supervisor id) on the word's port,
+    TORCHELASTIC_RESTART_COUNT=1; it succeeds, and the launcher ends with 0 and one run_start."""
+    job = write_job(job_dir, script="record_attempts.py", args=[str(job_dir), "1"])
+    launcher = _Launcher(job, 29731)
+    assert wait_for(lambda: launcher.results, timeout=60), launcher.proc.poll()
+    waiting = launcher.results[0]
+    assert (waiting["exit_code"], waiting["attempt"], waiting["waiting"]) == (3, 0, True), waiting
+    time.sleep(0.3)
+    assert launcher.proc.poll() is None  # it waits
+    launcher.say(restart_word(1, 29733))
+    assert wait_for(lambda: len(launcher.results) == 2, timeout=60)
+    assert launcher.results[1]["exit_code"] == 0 and "waiting" not in launcher.results[1]
+    assert launcher.end() == 0, launcher.stderr
+    records = {(r, a): json.loads((job_dir / f"rank{r}.attempt{a}.json").read_text()) for r in (0, 1) for a in (0, 1)}
+    for rank in (0, 1):
+        before, after = records[rank, 0], records[rank, 1]
+        assert after["CLUSTERDDP_SUPERVISOR_ID"] == before["CLUSTERDDP_SUPERVISOR_ID"]
+        assert (before["TORCHELASTIC_RESTART_COUNT"], after["TORCHELASTIC_RESTART_COUNT"]) == ("0", "1")
+        assert (before["MASTER_PORT"], after["MASTER_PORT"]) == ("29731", "29733")
+        assert "--- clusterddp: restart 1 " in (job_dir / "logs" / "aw" / f"rank{rank}.log").read_text()
+    events = [json.loads(line) for line in (job_dir / "logs" / "aw" / "events.node0.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("run_start") == 1 and kinds.count("attempt_start") == 2, kinds
+    assert [e for e in events if e["kind"] == "restart"][0]["in_place"] is True
+    assert b"2 attempts:" not in launcher.stderr  # the head lists the attempts of a job it restarts
+
+
+def test_the_end_word_ends_the_attempt_not_the_launcher(job_dir: Path) -> None:
+    """The end word for the running attempt: its workers are stopped, it is reported as ended by the
+    head (no failure of its own) and the launcher waits; a word for another attempt is ignored;
+    EOF then ends the launcher with the attempt's exit."""
+    job = write_job(job_dir, script="wait_signal.py", args=[str(job_dir)])
+    launcher = _Launcher(job, 29741)
+    assert wait_for(lambda: len(list(job_dir.glob("rank*.ready"))) == 2)
+    launcher.say(end_attempt_word(5))  # not this attempt's
+    time.sleep(0.5)
+    assert not launcher.results
+    began = time.monotonic()
+    launcher.say(end_attempt_word(0))
+    assert wait_for(lambda: launcher.results, timeout=30)
+    assert time.monotonic() - began < 2.0  # SIGTERM ends wait_signal.py at once
+    ended = launcher.results[0]
+    assert ended["waiting"] is True and ended["root_cause"] is None, ended
+    assert "the head ended the attempt" in str(ended["reason"]), ended
+    assert launcher.proc.poll() is None
+    assert launcher.end() == 1, launcher.stderr
+    assert b"the head ended the attempt" in launcher.stderr
+
+
+def test_await_restart_needs_watch_stdin(job_dir: Path) -> None:
+    """Without --watch-stdin no word can come: one line, exit 2, no traceback."""
+    job = write_job(job_dir, script="exit_with.py", args=["0"])
+    done = cli("run", str(job), "--await-restart")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "--await-restart needs --watch-stdin" in done.stderr
