@@ -182,3 +182,32 @@ def test_link_cut_while_waiting_stops_everything(lab2: SSHLab, head_factory: Cal
     assert "4 attempts:" in "\n".join(head.stderr), head.output()
     clean, seconds, left = lab2.wait_clean(6.0 + USER_TIMEOUT_MS / 1000)
     assert clean, left
+
+
+def test_a_stop_signal_while_the_attempt_ends_stops_every_host(lab2: SSHLab, head_factory: Callable[..., Head],
+                                                               tmp_path: Path) -> None:
+    """Rank 1 fails, cdssh2's launcher waits, cdssh1's rank 0 ignores the SIGTERM that ends the attempt:
+    SIGINT on the head meanwhile closes every stdin, the waiting launcher's too. No restart, the
+    failure's exit, nothing left on either host."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _job(lab2, BIN / "term_ignored.py", [str(out)], restarts=2)
+    data = yaml.safe_load(job.read_text())
+    data["grace_period"] = 4  # rank 0 outlives the end of the attempt until the head's signal
+    job.write_text(yaml.safe_dump(data))
+    head = head_factory(str(job), "--hostfile", str(lab2.hostfile))
+    head.wait_for("rank 0 ignores SIGTERM")
+    deadline = time.monotonic() + 30
+    while not list((tmp_path / "logs").glob("*/events.node1.jsonl")) or '"attempt_end"' not in \
+            list((tmp_path / "logs").glob("*/events.node1.jsonl"))[0].read_text():
+        assert time.monotonic() < deadline and head.proc.poll() is None, head.output()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert head.proc.poll() is None
+    head.signal(signal.SIGINT)
+    code = head.finish(30)
+    stderr = "\n".join(head.stderr)
+    assert code == 3, head.output()
+    assert "restart 1:" not in stderr and "restarting the whole job" not in stderr, stderr
+    clean, seconds, left = lab2.wait_clean(5)
+    assert clean, left
