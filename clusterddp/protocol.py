@@ -88,6 +88,9 @@ DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
 #: the step), so the script reads these instead of trusting srun's status alone.
 RECORD_STARTED = "started"
 RECORD_EXIT = "exit"
+#: ``T_MS ATTEMPT restart|stop TEXT``: a node's first failure and its restart verdict
+#: (clusterddp.launch.stepcoord writes it, the sbatch script's ``launchers_failure`` reads it).
+RECORD_FAILURE = "failure"
 
 
 def worker_stop_signal(received: int | None) -> int:
