@@ -221,8 +221,8 @@ class StepCoordinator:
         attempt = ended.attempt
         failed = [end for end in ends.values() if end.failed_at is not None]
         root = min(failed, key=lambda end: end.failed_at or 0.0) if failed else None
-        cause = (f"node {root.node} ({root.host}) first: {root.failure.name() if root.failure else 'exit ' + str(root.exit_code)}"
-                 if root else "no node names a failed worker")
+        what = (root.failure.name() if root.failure else f"exit {root.exit_code}") if root else ""
+        cause = f"node {root.node} ({root.host}) first: {what}" if root else "no node names a failed worker"
         failed_at = root.failed_at if root else None
 
         def stop(why: str, final: bool = False) -> Decision:

@@ -176,7 +176,8 @@ class LocalSupervisor:
             exits, root = self._run_once(number)
             failed = root is not None or self._hang_reason is not None or self._peer_reason is not None
             code = self._code(root, exits) if failed or self._stop_reason is not None else 0
-            cause = self._hang_reason or self._peer_reason or (f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
+            cause = self._hang_reason or self._peer_reason or (
+                f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
             attempts.append(AttemptEnd(number, len(self.plans), self.topology.host, code,
                                        cause or (self._stop_reason if code else None), time.monotonic() - began))
             backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
@@ -270,15 +271,17 @@ class LocalSupervisor:
             cause = self.group.check_reaper()  # its SIGCHLD woke us: replaced within ms
             if cause is not None:
                 self.request_stop(cause)
-            if isinstance(self.coordinator, PeerWatch) and self._stop_reason is None:
-                self._peer_reason = self.coordinator.ended_elsewhere(self.runlog.events.attempt)
-            if self._stop_reason is not None or self._hang_reason is not None or self._peer_reason is not None:
+            if self._stop_reason is not None or self._hang_reason is not None:
                 return None
             failed = self.group.poll()
             if failed:
                 return min(failed, key=lambda e: e.at)
             if self.group.all_exited():
                 return None
+            if isinstance(self.coordinator, PeerWatch):  # another node's attempt ended: so does ours
+                self._peer_reason = self.coordinator.ended_elsewhere(self.runlog.events.attempt)
+                if self._peer_reason is not None:
+                    return None
             if self._watch is not None:
                 self._watch.check()
             if self._stacks_requested:

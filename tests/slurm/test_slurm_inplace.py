@@ -101,8 +101,8 @@ def launcher_pid(cluster: SlurmCluster, node: int, job: Path) -> int:
         except (OSError, IndexError, ValueError):
             return 0
 
-    found = [pid for pid in cluster.node_processes(cluster.nodes[node])
-             if str(job) in words(pid) and "clusterddp" in words(pid) and words(parent(pid))[0].startswith("slurmstepd")]
+    found = [pid for pid in cluster.node_processes(cluster.nodes[node]) if str(job) in words(pid)
+             and "clusterddp" in words(pid) and words(parent(pid))[0].startswith("slurmstepd")]
     assert len(found) == 1, found
     return found[0]
 
