@@ -116,3 +116,26 @@ def test_a_node_not_acknowledged_does_not_wait(tmp_path: Path) -> None:
     assert run_nodes([zero, one], [AttemptEnded(0, 1, None, None, True, None), ended]) == [None, None]
     assert time.monotonic() - started < 2.0
     assert "do not wait for node 0" in (tmp_path / decision_name(0)).read_text()
+
+
+def test_the_same_error_twice_before_progress_stops_after_one_restart_in_place(tmp_path: Path) -> None:
+    """A RuntimeError at train.py:5 before any step: restarted in place once; the same again in attempt
+    1 is final, naming attempt 0 (node 0 remembers the root cause it decided on)."""
+    zero, one = coordinators(tmp_path)
+    tail = ["Traceback (most recent call last):", '  File "/w/train.py", line 5, in <module>',
+            "RuntimeError: no device"]
+
+    def failed(attempt: int) -> AttemptEnded:
+        root = WorkerExit("n2", 2, 0, 102, 1, "log", tail=tail, at=time.time())
+        return AttemptEnded(attempt, 1, root, failure_of(1, None, tail), False, None)
+
+    first = run_nodes([zero, one], [AttemptEnded(0, 1, None, None, False, None), failed(0)])
+    assert first[0] is not None and first[0].attempt == 1
+    for shared in (zero.peers, one.peers):  # attempt 1: the markers again
+        assert shared is not None
+        first_rank = shared.topology.node_rank * 2
+        shared.attempt_started(1, [(r, str(tmp_path / f"rank{r}.heartbeat")) for r in (first_rank, first_rank + 1)])
+    assert zero.peers is not None and zero.peers.sees_all() and one.peers is not None and one.peers.acknowledged()
+    assert run_nodes([zero, one], [AttemptEnded(1, 1, None, None, False, None), failed(1)]) == [None, None]
+    assert (tmp_path / "node1.failure").read_text().split(" ", 3)[2:] == [
+        "stop", "the same RuntimeError at train.py:5 before any progress, as in attempt 0 (node 1, n2)\n"]
