@@ -91,6 +91,8 @@ RECORD_EXIT = "exit"
 #: ``T_MS ATTEMPT restart|stop TEXT``: a node's first failure and its restart verdict
 #: (clusterddp.launch.stepcoord writes it, the sbatch script's ``launchers_failure`` reads it).
 RECORD_FAILURE = "failure"
+#: The attempt a launcher restarted in place runs now: the script's count goes on from it.
+RECORD_ATTEMPT = "attempt"
 
 
 def worker_stop_signal(received: int | None) -> int:

@@ -22,7 +22,8 @@ launcher died: srun's ``--kill-on-bad-exit`` ends the step anyway), exit 65 or 7
 script each launcher also leaves ``node<R>.failure``: ``T_MS ATTEMPT restart|stop TEXT``, the
 wall time of its first failure in ms, the attempt, and the verdict; the script takes the
 earliest record as the root cause, stops on ``stop`` with TEXT as the reason, and counts
-restarts from ATTEMPT. Every name carries the attempt, and the directory is per step: a file
+restarts from ATTEMPT, and from ``node<R>.attempt``, the attempt a launcher restarted in place
+runs. Every name carries the attempt, and the directory is per step: a file
 of an earlier attempt, step or requeued run never counts.
 """
 
@@ -180,6 +181,10 @@ class StepCoordinator:
             if self.node == 0 and not decision.final:  # a final verdict: the batch script says why
                 self.say(f"clusterddp: no restart in place after attempt {ended.attempt}: {decision.why}")
             return None
+        try:  # the batch script counts restarts on from the last attempt the launchers ran
+            protocol.write_record(self.directory, self.node, protocol.RECORD_ATTEMPT, f"{ended.attempt + 1}\n")
+        except WriteError as exc:
+            self.say(f"clusterddp: warning: --record-dir: {exc}")
         if self.node == 0:
             self.say(f"clusterddp: attempt {ended.attempt} failed ({decision.why}); restarting in place: attempt "
                      f"{ended.attempt + 1} of {self.restarts}, master port {decision.master_port}")

@@ -55,7 +55,8 @@ def test_a_killed_worker_restarts_in_place(cluster: SlurmCluster, tmp_path: Path
     assert "restart 1 of 1" not in log  # no new srun step
     assert re.search(r"clusterddp: attempt 0 failed \(node 1 \(cdslurm2\) first: SIGKILL\); restarting in place: "
                      r"attempt 1 of 1, master port \d+\n", log), log
-    assert re.search(r"clusterddp: final report: attempt 0 on 2 node\(s\) \S+: exit status 0 after", log), log
+    assert re.search(r"clusterddp: final report: attempt 0-1 \(in place\) on 2 node\(s\) \S+: exit status 0 after",
+                     log), log
     resumed = float((out / "resumed").read_text()) - float((out / "killed").read_text())
     kinds = [e["kind"] for e in events(job, job_id, 0)]
     assert kinds.count("restart") == 1 and kinds.count("attempt_start") == 2, kinds

@@ -169,6 +169,7 @@ LAUNCH_FAILED = "srun: error: task {} launch failed: Plugin initialization faile
 #: records), "half" the same for node 2 only, "silent" launchers that started and left no exit
 #: status. scontrol and squeue answer from files; sleep only records its delay.
 FAILURE0, FAILURE1 = (protocol.record_name(i, protocol.RECORD_FAILURE) for i in (0, 1))
+ATTEMPT0, ATTEMPT1 = (protocol.record_name(i, protocol.RECORD_ATTEMPT) for i in (0, 1))
 STUBS = {
     "srun": 'printf "%s\\0" "$@" >> "$WORK/srun.calls"; echo >> "$WORK/srun.calls"\n'
             'call=$(wc -l < "$WORK/srun.calls"); code=$(echo "$EXITS" | cut -d, -f"$call")\n'
@@ -188,6 +189,7 @@ STUBS = {
             f'                     echo "5000 1 restart SIGKILL" > "$dir/{FAILURE1}" ;;\n'
             '        esac\n'
             '        exit 1 ;;\n'
+            f'    inplaceok) {launcher_records("0")}echo 1 > "$dir/{ATTEMPT0}"; echo 1 > "$dir/{ATTEMPT1}"; exit 0 ;;\n'
             'esac\n' + launcher_records("${code:-0}") + 'exit "${code:-0}"\n',
     "scontrol": 'case "$*" in\n'
                 '  "show hostnames "*) tr , "\\n" < "$WORK/hosts" ;;\n'
@@ -283,6 +285,13 @@ def test_restarts_in_place_count_and_earlier_attempts_records_do_not(tmp_path: P
     assert [call[-3] for call in calls] == ["0", "2"]
     assert "restart 2 of 2 in 2s" in result.stderr
     assert "clusterddp: final report: attempt 0-1 (in place) on 2 node(s) n1,n2: exit status 1 after" in result.stderr
+
+
+def test_a_step_that_restarted_in_place_and_succeeded_says_so(tmp_path: Path) -> None:
+    """The launchers ran attempt 1 in place and it succeeded: one step, reported as attempts 0-1."""
+    result, calls = run_restarts(tmp_path, "inplaceok", restarts=1)
+    assert result.returncode == 0 and len(calls) == 1, result.stderr
+    assert "clusterddp: final report: attempt 0-1 (in place) on 2 node(s) n1,n2: exit status 0 after" in result.stderr
 
 
 @pytest.mark.parametrize("code", [75, 65])
