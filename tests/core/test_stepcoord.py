@@ -139,3 +139,13 @@ def test_the_same_error_twice_before_progress_stops_after_one_restart_in_place(t
     assert run_nodes([zero, one], [AttemptEnded(1, 1, None, None, False, None), failed(1)]) == [None, None]
     assert (tmp_path / "node1.failure").read_text().split(" ", 3)[2:] == [
         "stop", "the same RuntimeError at train.py:5 before any progress, as in attempt 0 (node 1, n2)\n"]
+
+
+def test_one_node_restarts_in_place_alone(tmp_path: Path) -> None:
+    """A 1-node job under the batch script (no peers to find): node 0 decides for itself at once."""
+    (zero,) = coordinators(tmp_path, nnodes=1)
+    zero.peers = None
+    _, ended = killed("n1", 0, time.time())
+    answer = zero.next_attempt(ended, lambda: False)
+    assert answer is not None and answer.attempt == 1 and answer.master_port is not None
+    assert (tmp_path / "node0.attempt").read_text() == "1\n"
