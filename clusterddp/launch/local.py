@@ -15,7 +15,8 @@ from clusterddp.launch import runlock, warm
 from clusterddp.launch.record import LaunchRecord, exit_code_of
 from clusterddp.launch.logs import say
 from clusterddp.launch.rendezvous import master_wait, wait_for_master
-from clusterddp.launch.workers import WorkerPlan
+from clusterddp.launch.stepcoord import StepCoordinator
+from clusterddp.launch.workers import TEARDOWN_SLACK, WorkerPlan
 from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.spec import JobSpec
@@ -113,9 +114,23 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
     try:
         planning.prepare_logs(plans, keep=bool(topology.restart_count))
         supervision = supervisor_options(job, topology, options, run_dir)
-        return LocalSupervisor(topology, plans, supervision).run()
+        supervisor = LocalSupervisor(topology, plans, supervision)
+        step = step_coordinator(job, topology, options, supervisor)
+        if step is not None:  # else the SSH head's word, if any (--await-restart: StdinWatch)
+            supervisor.coordinator = step
+        return supervisor.run()
     finally:
         locks.release()
+
+
+def step_coordinator(job: JobSpec, topology: Topology, options: RunOptions,
+                     supervisor: LocalSupervisor) -> StepCoordinator | None:
+    """Under the batch script (``--record-dir`` and ``--restart-count``) with restarts left:
+    the launchers of the step restart in place (stepcoord); None otherwise."""
+    if options.record_dir is None or topology.restart_count is None or topology.restart_count >= job.restarts:
+        return None
+    return StepCoordinator(options.record_dir, topology, job.restarts, job.restart_on,
+                           job.grace_period + TEARDOWN_SLACK, supervisor.runlog.peers, say)
 
 
 #: Seconds a restart attempt waits, beyond the heartbeat timeout and the grace period, for the

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.events import EventLog
-from clusterddp.launch.coordinate import AttemptEnded, Coordinator, replanned
+from clusterddp.launch.coordinate import AttemptEnded, Coordinator, PeerWatch, replanned
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.peers import shared_run_dir
@@ -116,12 +116,12 @@ class LocalSupervisor:
         self._end_requested: tuple[int, str] | None = None
         #: The number of the attempt running (its workers' TORCHELASTIC_RESTART_COUNT).
         self._attempt = options.first_attempt
-        #: Why the current attempt was ended from outside (``end_attempt``); None: it was not.
-        self._ended_by: str | None = None
         #: The last attempt's report is out already (printed before waiting for a decision).
         self._reported = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
         self._hang_reason: str | None = None
+        #: Why the current attempt ended because another node's did (coordinate.PeerWatch).
+        self._peer_reason: str | None = None
         #: Did a rank complete a step in the last attempt (the verdict's input, also sent to
         #: the SSH head in the result line); None: no attempt ended yet.
         self._progressed: bool | None = None
@@ -141,7 +141,7 @@ class LocalSupervisor:
         finally:
             self._restore_signal_handlers(previous)
             self.group.close()
-        reason = self._hang_reason or self._ended_by or self._stop_reason
+        reason = self._hang_reason or self._peer_reason or self._stop_reason
         if not self._reported:
             self._report(code, exits, root, reason)
         if len(attempts) > 1 and not self.options.restarted_outside:  # else whoever restarts lists them
@@ -197,17 +197,16 @@ class LocalSupervisor:
             number = len(attempts)
             began = time.monotonic()
             exits, root = self._run_once(number)
-            failed = root is not None or self._hang_reason is not None or self._ended_by is not None
+            failed = root is not None or self._hang_reason is not None or self._peer_reason is not None
             code = self._code(root, exits) if failed or self._stop_reason is not None else 0
-            cause = self._hang_reason or (f"rank {root.rank} on {root.host} {root.outcome()}" if root else None) \
-                or self._ended_by
+            cause = self._hang_reason or self._peer_reason or (
+                f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
             attempts.append(AttemptEnd(number, len(self.plans), self.topology.host, code,
                                        cause or (self._stop_reason if code else None), time.monotonic() - began))
             backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
-            # an attempt ended from outside failed elsewhere: nothing here to judge
-            judged = failed and (root is not None or self._hang_reason is not None)
+            # an attempt ended because another node's did failed elsewhere: nothing here to judge
             failure = failure_of(code, root.signal_name if root else None, root.tail if root else (),
-                                 hang=self._hang_reason is not None) if judged else None
+                                 hang=self._hang_reason is not None) if failed and not self._peer_reason else None
             self._progressed = self.runlog.progressed()
             repeat = will_repeat(failure, bool(self._progressed), previous,
                                  self.options.first_attempt + number - 1 if previous else None,
@@ -242,7 +241,7 @@ class LocalSupervisor:
         if self.coordinator is None or self._stop_reason is not None:
             return False
         attempt = self.options.first_attempt + number
-        reason = self._hang_reason or self._ended_by
+        reason = self._hang_reason or self._peer_reason
         self._report(code, exits, root, reason)
         self._reported = True
         if self.options.report_json:
@@ -288,8 +287,7 @@ class LocalSupervisor:
         return exit_code(root, exits, self._hang_reason is not None, self._stop_signal)
 
     def _run_once(self, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
-        self._hang_reason = None
-        self._ended_by = None
+        self._hang_reason = self._peer_reason = None
         self._attempt = self.options.first_attempt + attempt
         self.group.new_attempt()
         self.hooks.new_attempt()
@@ -316,6 +314,10 @@ class LocalSupervisor:
                 return min(failed, key=lambda e: e.at)
             if self.group.all_exited():
                 return None
+            if isinstance(self.coordinator, PeerWatch):  # another node's attempt ended: so does ours
+                self._peer_reason = self.coordinator.ended_elsewhere(self.runlog.events.attempt)
+                if self._peer_reason is not None:
+                    return None
             if self._watch is not None:
                 self._watch.check()
             if self._stacks_requested:
@@ -328,11 +330,12 @@ class LocalSupervisor:
             self._wake.clear()
 
     def _ending(self) -> bool:
-        """Was the running attempt asked to end (``end_attempt``)? Then it ends as a failure."""
+        """Was the running attempt asked to end (``end_attempt``)? Then it ends as a failure of
+        another node's, as when a ``PeerWatch`` says so."""
         asked = self._end_requested
         if asked is not None and asked[0] == self._attempt:
-            self._ended_by = asked[1]
-        return self._ended_by is not None
+            self._peer_reason = asked[1]
+        return self._peer_reason is not None
 
     def _check_hang(self) -> None:
         """A hang ends this attempt as a failure (exit 124), to be restarted like any other;
