@@ -191,17 +191,18 @@ class Zygote:
         self.warm_seconds = float(message.get("seconds") or 0.0)
 
     def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
-                cgroup: str | None) -> tuple[int, int]:
+                cgroup: str | None, batch: int = 1) -> tuple[int, int]:
         """Ask for a worker without waiting for it (``answer`` gets it, requests answered in
-        order): the read ends of its stdout and stderr. Several requests in a row let the
-        zygote fork the next while the previous one sets up."""
+        order): the read ends of its stdout and stderr. ``batch``: how many requests are sent
+        back to back, this one the first of them (the zygote waits for all before it forks,
+        and shares them out over a few intermediates: zygote.serve)."""
         if tuple(argv[:len(self._prefix)]) != self._prefix:
             raise ZygoteLost("the worker's command is not the bootstrap's")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
-                   "cgroup": cgroup, "launcher": os.getpid()}
+                   "cgroup": cgroup, "launcher": os.getpid(), "batch": batch}
         try:
             frames.send(self.sock, request, [null, out_w, err_w])
         except OSError as exc:
@@ -312,7 +313,8 @@ class WarmStart:
         try:
             zygote = self._ready(workers[0][0], workers[0][1], started)
             for plan, env in workers:
-                asked.append(zygote.request(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None))
+                asked.append(zygote.request(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None,
+                                            batch=len(workers) if not asked else 1))
             for pipes in asked:
                 forked[answered] = zygote.answer(pipes)
                 answered += 1

@@ -133,6 +133,32 @@ def test_the_zygote_starts_before_the_worker_group(tmp_path: Path) -> None:
     assert "warm start off" not in err
 
 
+@pytest.mark.parametrize("count, shares", [(1, [1]), (2, [1, 1]), (4, [2, 2]), (5, [2, 2, 1]), (8, [3, 3, 2]),
+                                           (9, [3, 3, 3])])
+def test_an_attempts_requests_are_shared_over_about_sqrt_n_intermediates(count: int, shares: list[int]) -> None:
+    """The zygote forks about sqrt(n) intermediates for n workers, each forking a run of them in order."""
+    from clusterddp.launch import zygote
+
+    assert [len(share) for share in zygote._shares(list(range(count)))] == shares
+    assert [x for share in zygote._shares(list(range(count))) for x in share] == list(range(count))
+
+
+def test_five_warm_workers_from_three_intermediates(tmp_path: Path) -> None:
+    """5 workers (intermediates forking 2, 2 and 1): each its own process, the launcher's child, in its own session, with its rank."""
+    job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path), "wait"], nproc_per_node=5)
+    proc = start_cli("run", str(job))
+    try:
+        assert wait_for(lambda: all((tmp_path / f"rank{r}.attempt0.json").exists() for r in range(5)), 120)
+        seen = [_attempt(tmp_path, r, 0) for r in range(5)]
+        assert len({s["pid"] for s in seen}) == 5 and all(s["ppid"] == proc.pid for s in seen)
+        assert all("zygote.py" in " ".join(s["cmdline"]) for s in seen)
+        assert all(os.getsid(s["pid"]) == s["pid"] for s in seen)
+    finally:
+        proc.kill()  # rank 1 waits for a "go" that never comes
+        _, err = proc.communicate()
+    assert "warm start off" not in err
+
+
 def test_a_prestarted_zygote_serves_only_the_same_start(tmp_path: Path) -> None:
     """take_prestarted returns the zygote started with the same interpreter, environment and preloads; any other is stopped."""
     env = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"}
