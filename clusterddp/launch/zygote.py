@@ -9,8 +9,9 @@ the unix socket FD, and then serves one request per worker: an argv, environment
 and cgroup as JSON, with the worker's stdin/stdout/stderr passed as descriptors
 (SCM_RIGHTS). Each worker is made by a double fork, so that it becomes the launcher's child:
 
-- the zygote forks an intermediate, which forks the worker and exits as soon as the worker
-  is in its own session (``setsid``), has its stdio and joined the job's cgroup;
+- the zygote forks an intermediate, which forks the worker (a run of an attempt's workers,
+  one after the other: ``serve``) and exits as soon as they are each in their own session
+  (``setsid``), have their stdio and joined the job's cgroup;
 - the launcher is a child subreaper, so the orphaned worker is reparented to it: it is the
   launcher's child like a cold one, and ``waitpid`` gives the supervisor its exit code or
   signal exactly as for a cold worker (no status relayed over a socket, none lost when the
@@ -119,8 +120,8 @@ def serve(sock: socket.socket) -> dict[str, Any]:
     """Fork a worker per request until the launcher closes the socket (then exit); returns
     only in a new worker, with its request, ready to run the script.
 
-    The launcher sends an attempt's requests back to back, each saying how many there are
-    (``batch``); they are taken together and shared out over about sqrt(n) intermediates, each forking its share of workers in turn: the zygote forks k of them,
+    The launcher sends an attempt's requests back to back, the first saying how many there
+    are (``batch``); they are taken together and shared out over about sqrt(n) intermediates, each forking its share of workers in turn: the zygote forks k of them,
     not one per worker, so n workers cost k + n forks of this large process instead of 2n,
     and the last worker is forked after about k + n/k of them, not n + 1 (8 workers: 3
     intermediates, 11 forks, the last after 6). The replies still go back one per request,
