@@ -72,6 +72,16 @@ def _zygote_of(launcher: int) -> int | None:
     return None
 
 
+def _idle(zygote: int) -> bool:
+    """The zygote waits for a request: every answer sent (no intermediate left, blocked reading its socket)."""
+    try:
+        children = Path(f"/proc/{zygote}/task/{zygote}/children").read_text().split()
+        wchan = Path(f"/proc/{zygote}/wchan").read_text()
+    except OSError:
+        return False
+    return not children and wchan in ("unix_stream_read_generic", "0", "")  # "0": the kernel hides it
+
+
 def _gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
@@ -96,6 +106,9 @@ def test_a_killed_or_stopped_zygote_falls_back_to_a_cold_start(tmp_path: Path, s
         assert wait_for(lambda: (tmp_path / "rank1.attempt0.json").exists(), 120)
         zygote = _zygote_of(proc.pid)
         assert zygote is not None
+        # a worker runs before the zygote has answered for it: stopped in between, the
+        # launcher would start that attempt cold (beside the warm workers), not the next
+        assert wait_for(lambda: _idle(zygote), 30)
         os.kill(zygote, signum)
         (tmp_path / "go").touch()
         _, err = proc.communicate(timeout=120)
