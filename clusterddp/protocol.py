@@ -88,6 +88,11 @@ DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
 #: the step), so the script reads these instead of trusting srun's status alone.
 RECORD_STARTED = "started"
 RECORD_EXIT = "exit"
+#: ``T_MS ATTEMPT restart|stop TEXT``: a node's first failure and its restart verdict
+#: (clusterddp.launch.stepcoord writes it, the sbatch script's ``launchers_failure`` reads it).
+RECORD_FAILURE = "failure"
+#: The attempt a launcher restarted in place runs now: the script's count goes on from it.
+RECORD_ATTEMPT = "attempt"
 
 
 def worker_stop_signal(received: int | None) -> int:

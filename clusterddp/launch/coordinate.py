@@ -12,7 +12,7 @@ with a node that restarted alone); this module is only the node's side of the ex
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from clusterddp.launch.report import WorkerExit
 from clusterddp.launch.verdict import Failure
@@ -51,6 +51,18 @@ class Coordinator(Protocol):
         """Report ``ended`` and wait for the decision: the next attempt, or None (this
         launcher ends with the attempt's exit code). ``stopping`` turns True when the
         launcher is told to stop meanwhile: return None then, at once."""
+        ...
+
+
+@runtime_checkable
+class PeerWatch(Protocol):
+    """A coordinator that also learns, during an attempt, that another node's attempt ended
+    (under SLURM, from the step's shared directory): this node then ends its attempt at once
+    instead of waiting for its ranks' next collective to fail."""
+
+    def ended_elsewhere(self, attempt: int) -> str | None:
+        """Why this node's attempt ``attempt`` ends too (another node's ended); None: it goes
+        on. Called every turn of the supervisor's loop: cheap, rate-limited by itself."""
         ...
 
 

@@ -19,7 +19,8 @@ from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology, check_port_free, resolve
 
 if TYPE_CHECKING:  # imported when needed: the zygote starts before the supervisor's imports (_run_placed)
-    from clusterddp.launch.supervisor import SupervisorOptions
+    from clusterddp.launch.stepcoord import StepCoordinator
+    from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
     from clusterddp.launch.workers import WorkerPlan
 
 
@@ -121,7 +122,9 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
         supervision = supervisor_options(job, topology, options, run_dir)
         from clusterddp.launch.supervisor import LocalSupervisor
 
-        return LocalSupervisor(topology, plans, supervision).run()
+        supervisor = LocalSupervisor(topology, plans, supervision)
+        supervisor.coordinator = step_coordinator(job, topology, options, supervisor)
+        return supervisor.run()
     finally:
         warm.drop_prestarted()
         locks.release()
@@ -134,6 +137,19 @@ def _prestart_zygote(first: WorkerPlan, topology: Topology, preload: tuple[str, 
     locked: its log sits beside theirs."""
     env = warm.zygote_environment(first.env.build(topology.first_attempt))
     warm.prestart(first.argv[0], env, preload, warm.zygote_log(first.log, env))
+
+
+def step_coordinator(job: JobSpec, topology: Topology, options: RunOptions,
+                     supervisor: LocalSupervisor) -> StepCoordinator | None:
+    """Under the batch script (``--record-dir`` and ``--restart-count``) with restarts left:
+    the launchers of the step restart in place (stepcoord); None otherwise."""
+    if options.record_dir is None or topology.restart_count is None or topology.restart_count >= job.restarts:
+        return None
+    from clusterddp.launch.stepcoord import StepCoordinator
+    from clusterddp.launch.workers import TEARDOWN_SLACK
+
+    return StepCoordinator(options.record_dir, topology, job.restarts, job.restart_on,
+                           job.grace_period + TEARDOWN_SLACK, supervisor.runlog.peers, say)
 
 
 #: Seconds a restart attempt waits, beyond the heartbeat timeout and the grace period, for the

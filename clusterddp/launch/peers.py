@@ -112,6 +112,20 @@ class SharedRunDir:
         except WriteError:
             pass  # node 0 will not see this node: each judges its own ranks, and node 0 says so
 
+    def sees_all(self) -> bool:
+        """Node 0: does it read every other node's records in this attempt (looked for now)?
+        A restart in place (``stepcoord``) needs every node to take part."""
+        missing = [node for node in range(1, self.topology.nnodes) if node not in self.peers]
+        if missing and any(self._peer(node) is not None for node in missing):
+            self._acknowledge()
+        return len(self.peers) == self.topology.nnodes - 1
+
+    def acknowledged(self) -> bool:
+        """Node K: has node 0 acknowledged this node's marker of this attempt (looked for now)?"""
+        self._next_poll = 0.0
+        self.poll(False)
+        return self.judged_elsewhere
+
     def poll(self, stepped: bool) -> None:
         """Look again (at most every ``POLL_INTERVAL``): node 0 for the markers it lacks,
         node K for its acknowledgement. ``stepped``: this node's ranks completed a step."""

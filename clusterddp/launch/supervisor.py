@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.events import EventLog
-from clusterddp.launch.coordinate import AttemptEnded, Coordinator, replanned
+from clusterddp.launch.coordinate import AttemptEnded, Coordinator, PeerWatch, replanned
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.peers import shared_run_dir
@@ -108,6 +108,8 @@ class LocalSupervisor:
         self._stacks_requested = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
         self._hang_reason: str | None = None
+        #: Why the current attempt ended because another node's did (coordinate.PeerWatch).
+        self._peer_reason: str | None = None
         #: Did a rank complete a step in the last attempt (the verdict's input, also sent to
         #: the SSH head in the result line); None: no attempt ended yet.
         self._progressed: bool | None = None
@@ -172,14 +174,15 @@ class LocalSupervisor:
             number = len(attempts)
             began = time.monotonic()
             exits, root = self._run_once(number)
-            failed = root is not None or self._hang_reason is not None
+            failed = root is not None or self._hang_reason is not None or self._peer_reason is not None
             code = self._code(root, exits) if failed or self._stop_reason is not None else 0
-            cause = self._hang_reason or (f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
+            cause = self._hang_reason or self._peer_reason or (
+                f"rank {root.rank} on {root.host} {root.outcome()}" if root else None)
             attempts.append(AttemptEnd(number, len(self.plans), self.topology.host, code,
                                        cause or (self._stop_reason if code else None), time.monotonic() - began))
             backoff = self.policy.backoff(number, code if failed else None, stopping=self._stop_reason is not None)
             failure = failure_of(code, root.signal_name if root else None, root.tail if root else (),
-                                 hang=self._hang_reason is not None) if failed else None
+                                 hang=self._hang_reason is not None) if failed and not self._peer_reason else None
             self._progressed = self.runlog.progressed()
             repeat = will_repeat(failure, bool(self._progressed), previous,
                                  self.options.first_attempt + number - 1 if previous else None,
@@ -249,7 +252,7 @@ class LocalSupervisor:
         return exit_code(root, exits, self._hang_reason is not None, self._stop_signal)
 
     def _run_once(self, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
-        self._hang_reason = None
+        self._hang_reason = self._peer_reason = None
         self.group.new_attempt()
         self.hooks.new_attempt()
         self.runlog.attempt_started(self.options.first_attempt + attempt,
@@ -275,6 +278,10 @@ class LocalSupervisor:
                 return min(failed, key=lambda e: e.at)
             if self.group.all_exited():
                 return None
+            if isinstance(self.coordinator, PeerWatch):  # another node's attempt ended: so does ours
+                self._peer_reason = self.coordinator.ended_elsewhere(self.runlog.events.attempt)
+                if self._peer_reason is not None:
+                    return None
             if self._watch is not None:
                 self._watch.check()
             if self._stacks_requested:

@@ -100,6 +100,8 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         "records_root": _records_root(job, where, launcher_cwd),
         "started_name": protocol.record_name("$i", protocol.RECORD_STARTED),
         "exit_name": protocol.record_name("$i", protocol.RECORD_EXIT),
+        "failure_name": protocol.record_name("$i", protocol.RECORD_FAILURE),
+        "attempt_name": protocol.record_name("$i", protocol.RECORD_ATTEMPT),
     }
     try:
         return string.Template(load_template(TEMPLATE)).substitute(values)

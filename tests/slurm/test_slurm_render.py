@@ -15,6 +15,7 @@ from clusterddp.schedulers import get_scheduler
 from clusterddp.schedulers.slurm import SlurmOptions, SlurmScheduler, render_sbatch
 from clusterddp.spec import JobSpec, load_job
 from tests.conftest import cli, cli_env
+from clusterddp import protocol
 from tests.slurm.stubs import launcher_records
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -167,6 +168,8 @@ LAUNCH_FAILED = "srun: error: task {} launch failed: Plugin initialization faile
 #: $EXITS; "nolaunch" is srun's answer when no task launched (its error lines, exit 0, no
 #: records), "half" the same for node 2 only, "silent" launchers that started and left no exit
 #: status. scontrol and squeue answer from files; sleep only records its delay.
+FAILURE0, FAILURE1 = (protocol.record_name(i, protocol.RECORD_FAILURE) for i in (0, 1))
+ATTEMPT0, ATTEMPT1 = (protocol.record_name(i, protocol.RECORD_ATTEMPT) for i in (0, 1))
 STUBS = {
     "srun": 'printf "%s\\0" "$@" >> "$WORK/srun.calls"; echo >> "$WORK/srun.calls"\n'
             'call=$(wc -l < "$WORK/srun.calls"); code=$(echo "$EXITS" | cut -d, -f"$call")\n'
@@ -175,6 +178,18 @@ STUBS = {
             f'    nolaunch) echo "{LAUNCH_FAILED.format(0)}" >&2; echo "{LAUNCH_FAILED.format(1)}" >&2; exit 0 ;;\n'
             f'    half) echo "{LAUNCH_FAILED.format(1)}" >&2\n{launcher_records("0", nodes="1")}exit 0 ;;\n'
             f'    silent) {launcher_records("")}exit 0 ;;\n'
+            # the launchers' failure records (stepcoord): "T_MS ATTEMPT restart|stop TEXT" per node
+            f'    repeat|laterstop|inplace) {launcher_records("1")}\n'
+            '        case "$code" in\n'
+            f'            repeat) echo "2000 0 stop ImportError at x.py:1 before any progress" > "$dir/{FAILURE0}"\n'
+            f'                    echo "3000 0 restart exit 1" > "$dir/{FAILURE1}" ;;\n'
+            f'            laterstop) echo "3000 0 stop NameError at x.py:2 before any progress" > "$dir/{FAILURE0}"\n'
+            f'                       echo "2000 0 restart SIGKILL" > "$dir/{FAILURE1}" ;;\n'
+            f'            inplace) echo "1000 0 stop SyntaxError of an earlier attempt" > "$dir/{FAILURE0}"\n'
+            f'                     echo "5000 1 restart SIGKILL" > "$dir/{FAILURE1}" ;;\n'
+            '        esac\n'
+            '        exit 1 ;;\n'
+            f'    inplaceok) {launcher_records("0")}echo 1 > "$dir/{ATTEMPT0}"; echo 1 > "$dir/{ATTEMPT1}"; exit 0 ;;\n'
             'esac\n' + launcher_records("${code:-0}") + 'exit "${code:-0}"\n',
     "scontrol": 'case "$*" in\n'
                 '  "show hostnames "*) tr , "\\n" < "$WORK/hosts" ;;\n'
@@ -244,6 +259,39 @@ def test_restarts_back_off_up_to_30_s_and_end_with_the_last_status(tmp_path: Pat
     assert [call[-3] for call in calls] == [str(k) for k in range(8)]
     assert (tmp_path / "sleeps").read_text().split() == ["1", "2", "4", "8", "16", "30", "30"]
     assert sum(line.startswith("clusterddp: final report: ") for line in result.stderr.splitlines()) == 8
+
+
+def test_a_failure_that_will_repeat_is_not_restarted(tmp_path: Path) -> None:
+    """The earliest failure record says stop (an ImportError before any step): one step, one line why."""
+    result, calls = run_restarts(tmp_path, "repeat,0", restarts=3)
+    assert result.returncode == 1 and len(calls) == 1, result.stderr
+    assert ("clusterddp: attempt 0 ended with exit status 1; not restarting: ImportError at x.py:1 before any "
+            "progress") in result.stderr.splitlines()
+    assert not (tmp_path / "sleeps").exists()
+
+
+def test_the_first_failure_is_the_root_cause(tmp_path: Path) -> None:
+    """Node 2 was SIGKILLed first, node 1's NameError came after: a consequence, so the step restarts."""
+    result, calls = run_restarts(tmp_path, "laterstop,0", restarts=1)
+    assert result.returncode == 0 and len(calls) == 2, result.stderr
+    assert "not restarting" not in result.stderr
+
+
+def test_restarts_in_place_count_and_earlier_attempts_records_do_not(tmp_path: Path) -> None:
+    """The launchers ran attempt 1 in place: the script's next step is attempt 2 (of 2); attempt 0's stop
+    record is not the last attempt's, so it does not stop the job."""
+    result, calls = run_restarts(tmp_path, "inplace,0", restarts=2)
+    assert result.returncode == 0, result.stderr
+    assert [call[-3] for call in calls] == ["0", "2"]
+    assert "restart 2 of 2 in 2s" in result.stderr
+    assert "clusterddp: final report: attempt 0-1 (in place) on 2 node(s) n1,n2: exit status 1 after" in result.stderr
+
+
+def test_a_step_that_restarted_in_place_and_succeeded_says_so(tmp_path: Path) -> None:
+    """The launchers ran attempt 1 in place and it succeeded: one step, reported as attempts 0-1."""
+    result, calls = run_restarts(tmp_path, "inplaceok", restarts=1)
+    assert result.returncode == 0 and len(calls) == 1, result.stderr
+    assert "clusterddp: final report: attempt 0-1 (in place) on 2 node(s) n1,n2: exit status 0 after" in result.stderr
 
 
 @pytest.mark.parametrize("code", [75, 65])
