@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from clusterddp.envs import Overrides, detect
 from clusterddp.errors import LaunchError
@@ -15,12 +15,14 @@ from clusterddp.launch import runlock, warm
 from clusterddp.launch.record import LaunchRecord, exit_code_of
 from clusterddp.launch.logs import say
 from clusterddp.launch.rendezvous import master_wait, wait_for_master
-from clusterddp.launch.stepcoord import StepCoordinator
-from clusterddp.launch.workers import TEARDOWN_SLACK, WorkerPlan
-from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology, check_port_free, resolve
+
+if TYPE_CHECKING:  # imported when needed: the zygote starts before the supervisor's imports (_run_placed)
+    from clusterddp.launch.stepcoord import StepCoordinator
+    from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
+    from clusterddp.launch.workers import WorkerPlan
 
 
 def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
@@ -40,6 +42,8 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
 
 def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
                        run_dir: str | None = None) -> SupervisorOptions:
+    from clusterddp.launch.supervisor import SupervisorOptions
+
     return SupervisorOptions(
         job_name=job.name,
         grace_period=job.grace_period,
@@ -59,9 +63,14 @@ def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
         run_dir=run_dir,
         restart_on=job.restart_on,
         restarted_outside=topology.restart_count is not None,
-        warm_start=warm.wanted(job.warm_start, job.entry_argv(), planning.workdir(job, os.getcwd()), job.preload),
+        warm_start=warm_start(job, os.getcwd()),
         preload=job.preload,
     )
+
+
+def warm_start(job: JobSpec, cwd: str) -> bool:
+    """The job's ``warm_start`` applied to its entry (warm.wanted)."""
+    return warm.wanted(job.warm_start, job.entry_argv(), planning.workdir(job, cwd), job.preload)
 
 
 def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
@@ -112,15 +121,29 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
     run_dir = planning.run_dir(job, topology, cwd)
     locks = lock_logs(job, topology, options, run_dir, [plan.rank for plan in plans])
     try:
+        if plans and warm_start(job, cwd):
+            _prestart_zygote(plans[0], topology, job.preload)
         planning.prepare_logs(plans, keep=bool(topology.restart_count))
         supervision = supervisor_options(job, topology, options, run_dir)
+        from clusterddp.launch.supervisor import LocalSupervisor
+
         supervisor = LocalSupervisor(topology, plans, supervision)
         step = step_coordinator(job, topology, options, supervisor)
         if step is not None:  # else the SSH head's word, if any (--await-restart: StdinWatch)
             supervisor.coordinator = step
         return supervisor.run()
     finally:
+        warm.drop_prestarted()
         locks.release()
+
+
+def _prestart_zygote(first: WorkerPlan, topology: Topology, preload: tuple[str, ...]) -> None:
+    """The zygote started with what the worker group would start it with (its first worker's
+    environment for the first attempt): it imports torch while the launcher finishes its own
+    start (imports, reaper, cgroup) instead of after it. Here, after the run's logs are
+    locked: its log sits beside theirs."""
+    env = warm.zygote_environment(first.env.build(topology.first_attempt))
+    warm.prestart(first.argv[0], env, preload, warm.zygote_log(first.log, env))
 
 
 def step_coordinator(job: JobSpec, topology: Topology, options: RunOptions,
@@ -129,6 +152,9 @@ def step_coordinator(job: JobSpec, topology: Topology, options: RunOptions,
     the launchers of the step restart in place (stepcoord); None otherwise."""
     if options.record_dir is None or topology.restart_count is None or topology.restart_count >= job.restarts:
         return None
+    from clusterddp.launch.stepcoord import StepCoordinator
+    from clusterddp.launch.workers import TEARDOWN_SLACK
+
     return StepCoordinator(options.record_dir, topology, job.restarts, job.restart_on,
                            job.grace_period + TEARDOWN_SLACK, supervisor.runlog.peers, say)
 

@@ -39,6 +39,10 @@ USAGE_EXIT = 2
 
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?::.*)?$")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+#: What torch puts before every line of an uncaught exception's traceback once a process
+#: group exists (``[rank0]: Traceback ...``): without it off, an assert at step 0 of any DDP
+#: script would read as a bare exit 1, and be restarted.
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def failure_of(exit_code: int, signal: str | None, tail: Sequence[str], hang: bo
     exception's class and innermost frame; anything else leaves them unknown)."""
     if hang or signal:
         return Failure(exit_code, signal=signal, hang=hang)
-    lines = [line.rstrip() for line in tail if line.strip()]
+    lines = [_RANK_PREFIX.sub("", line.rstrip(), count=1) for line in tail if line.strip()]
     for i in range(len(lines) - 1, -1, -1):
         found = _EXCEPTION.match(lines[i])
         if found is None:

@@ -46,6 +46,10 @@ FORK_TIMEOUT = 10.0
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 
 
+#: How a zygote was started: interpreter, environment (sorted items), preloads.
+_Key = tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]]
+
+
 class ZygoteLost(Exception):
     """The zygote cannot serve (died, stopped, refused): the message is the one line said."""
 
@@ -133,6 +137,9 @@ class Zygote:
 
     proc: subprocess.Popen[bytes]
     sock: socket.socket
+    #: What it was started with (interpreter, environment, preloads): a zygote started early
+    #: (``prestart``) serves a group only if the group would have started the same one.
+    started_with: "_Key"
     #: Said once when it stops serving (None: serving, or still warming up).
     lost: str | None = None
     ready: bool = False
@@ -162,7 +169,7 @@ class Zygote:
             theirs.close()
             if not isinstance(out, int):
                 out.close()
-        return cls(proc, ours, _prefix=(python, *bootstrap_cmd))
+        return cls(proc, ours, started_with=_key(python, env, preload), _prefix=(python, *bootstrap_cmd))
 
     def wait_ready(self, stopping: Callable[[], bool], timeout: float = READY_TIMEOUT) -> None:
         """Until it has imported torch and the preloads; ZygoteLost saying why it cannot serve
@@ -184,17 +191,18 @@ class Zygote:
         self.warm_seconds = float(message.get("seconds") or 0.0)
 
     def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
-                cgroup: str | None) -> tuple[int, int]:
+                cgroup: str | None, batch: int = 1) -> tuple[int, int]:
         """Ask for a worker without waiting for it (``answer`` gets it, requests answered in
-        order): the read ends of its stdout and stderr. Several requests in a row let the
-        zygote fork the next while the previous one sets up."""
+        order): the read ends of its stdout and stderr. ``batch``: how many requests are sent
+        back to back, this one the first of them (the zygote waits for all before it forks,
+        and shares them out over a few intermediates: zygote.serve)."""
         if tuple(argv[:len(self._prefix)]) != self._prefix:
             raise ZygoteLost("the worker's command is not the bootstrap's")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
-                   "cgroup": cgroup, "launcher": os.getpid()}
+                   "cgroup": cgroup, "launcher": os.getpid(), "batch": batch}
         try:
             frames.send(self.sock, request, [null, out_w, err_w])
         except OSError as exc:
@@ -305,7 +313,8 @@ class WarmStart:
         try:
             zygote = self._ready(workers[0][0], workers[0][1], started)
             for plan, env in workers:
-                asked.append(zygote.request(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None))
+                asked.append(zygote.request(plan.argv, env, plan.cwd, plan.cpus, cgroup.path if cgroup else None,
+                                            batch=len(workers) if not asked else 1))
             for pipes in asked:
                 forked[answered] = zygote.answer(pipes)
                 answered += 1
@@ -316,11 +325,12 @@ class WarmStart:
         return forked
 
     def _ready(self, plan: "_Plan", env: Mapping[str, str], started: Callable[[int], None]) -> Zygote:
-        """The zygote, started at the first worker (with its environment) and warmed up."""
+        """The zygote, started at the first worker (with its environment) or taken from
+        ``prestart`` when that one was started the same way, and warmed up."""
         if self.zygote is None:
-            zygote_env = {k: v for k, v in env.items() if k != SUPERVISOR_ID_ENV}  # a teardown kills marked ones
-            log = os.path.join(os.path.dirname(plan.log), f"zygote.node{env.get('GROUP_RANK', '0')}.log")
-            self.zygote = Zygote.start(plan.argv[0], _bootstrap_command(), zygote_env, self.preload, log)
+            zygote_env = zygote_environment(env)
+            self.zygote = take_prestarted(plan.argv[0], zygote_env, self.preload) \
+                or Zygote.start(plan.argv[0], _bootstrap_command(), zygote_env, self.preload, zygote_log(plan.log, env))
             started(self.zygote.proc.pid)
         self.zygote.wait_ready(self.stopping)
         return self.zygote
@@ -337,6 +347,57 @@ class WarmStart:
     def close(self) -> None:
         if self.zygote is not None and self.zygote.lost is None:
             self.zygote.close()
+
+
+def zygote_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The zygote's environment: its first worker's, without the marker (a teardown kills
+    marked processes, and the zygote must outlive the attempt)."""
+    return {k: v for k, v in worker_env.items() if k != SUPERVISOR_ID_ENV}
+
+
+def zygote_log(worker_log: str, worker_env: Mapping[str, str]) -> str:
+    """``zygote.node<K>.log`` beside the workers' logs."""
+    return os.path.join(os.path.dirname(worker_log), f"zygote.node{worker_env.get('GROUP_RANK', '0')}.log")
+
+
+#: The zygote ``prestart`` started, until a group takes it (``take_prestarted``) or it is dropped.
+_prestarted: list[Zygote] = []
+
+
+def prestart(python: str, env: Mapping[str, str], preload: Sequence[str], log: str) -> None:
+    """Start the zygote now, ahead of the worker group: its ``import torch`` (the long part
+    of a cold start) then runs while the launcher imports and sets up the rest of itself
+    (the supervisor, the reaper, the cgroup), instead of after it. ``env``: the first
+    worker's environment as the group will build it, ``zygote_environment`` applied; the
+    group takes this zygote only if it would start the same one. Nothing is said when it
+    cannot start: the group tries again, and says why if it fails too."""
+    drop_prestarted()
+    try:
+        _prestarted.append(Zygote.start(python, _bootstrap_command(), env, preload, log))
+    except ZygoteLost:
+        pass
+
+
+def take_prestarted(python: str, env: Mapping[str, str], preload: Sequence[str]) -> Zygote | None:
+    """The prestarted zygote if it was started with this interpreter, environment and
+    preloads (then it is the caller's); else None, and a mismatched one is stopped."""
+    if not _prestarted:
+        return None
+    zygote = _prestarted.pop()
+    if zygote.started_with == _key(python, env, preload):
+        return zygote
+    zygote.close()
+    return None
+
+
+def drop_prestarted() -> None:
+    """Stop a prestarted zygote no group took (the launcher ends before its workers start)."""
+    while _prestarted:
+        _prestarted.pop().close()
+
+
+def _key(python: str, env: Mapping[str, str], preload: Sequence[str]) -> "_Key":
+    return python, tuple(sorted(env.items())), tuple(preload)
 
 
 def _close(pipes: tuple[int, int]) -> None:

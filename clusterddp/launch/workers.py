@@ -1,10 +1,10 @@
 """A group of N local workers: start, poll, teardown, close (torch elastic's PContext shape).
 
 Each worker runs in its own process group; teardown SIGTERMs every group (SIGINT after a
-Ctrl-C), waits the grace period, then SIGKILLs the groups, the job's cgroup, process trees that left their group,
-marked processes and orphans reparented to the launcher (its child subreaper), and ends at
-most grace_period + TEARDOWN_SLACK after the first SIGTERM. No signal handlers, no restarts:
-the supervisor decides when to start and when to stop.
+Ctrl-C), waits the grace period, then SIGKILLs the groups and what left them (guard.py: the
+job's cgroup, process trees, marked processes and orphans reparented to the launcher, its
+child subreaper), and ends at most grace_period + TEARDOWN_SLACK after the first SIGTERM. No
+signal handlers, no restarts: the supervisor decides when to start and when to stop.
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from clusterddp import exitcodes
-from clusterddp.errors import LaunchError
 from clusterddp.launch import procs
-from clusterddp.launch.cgroup import JobCgroup
+from clusterddp.launch.guard import JobGuard
 from clusterddp.launch.logs import ConsoleSink, WorkerOutput
-from clusterddp.launch.reaper import Reaper
 from clusterddp.launch.report import WorkerExit, read_error_file
 from clusterddp.launch.warm import ForkedProcess, WarmStart
 from clusterddp.launch.workerenv import WorkerEnv
@@ -78,34 +76,28 @@ class Worker:
     #: disk): it is not this attempt's cause, so the report reads the stderr tail instead.
     stale_error_file: bool = False
 
+    def exit_record(self, host: str, stopped_by_us: bool) -> WorkerExit:
+        code = self.proc.returncode
+        return WorkerExit(host=host, rank=self.plan.rank, local_rank=self.plan.local_rank,
+                          pid=self.proc.pid, returncode=-signal.SIGKILL if code is None else code,
+                          log=self.plan.log,
+                          at=time.time(), stopped_by_us=stopped_by_us)
 
-class _Orphans:
-    """Orphans of the workers reparented to the launcher (it is their subreaper)."""
-
-    def __init__(self, reaper: Reaper, before: set[int]) -> None:
-        self.reaper = reaper
-        #: Children of the launcher that are neither workers nor the reaper: those it had before.
-        self.not_adopted = before
-        self.adopted: set[int] = set()
-
-    def adopt(self, workers: list[Worker]) -> None:
-        """Tell the reaper of new orphans (so they die with a launcher killed by SIGKILL too),
-        and collect the ones that exited (by pid, never waitpid(-1))."""
-        known = self.not_adopted | {self.reaper.pid} | {w.proc.pid for w in workers}  # its pid now
-        found = procs.children() - known
-        for pid in found - self.adopted:
-            self.reaper.watch_pid(pid)
-        self.adopted |= found
-        self.adopted -= procs.reap(self.adopted)
-
-    def kill(self) -> None:
-        procs.kill_pids(self.adopted)
-
-    def keep(self, pid: int) -> None:
-        """A child of the launcher that is no orphan (the zygote): left alone, but it dies
-        with a launcher killed by SIGKILL."""
-        self.not_adopted.add(pid)
-        self.reaper.watch(pid)
+    def finish(self, host: str, deadline: float, say: Callable[[str], None]) -> None:
+        """Its exit, its output drained (until ``deadline``), its report tail."""
+        if self.proc.returncode is None:
+            try:
+                self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                say(f"clusterddp: warning: rank {self.plan.rank} (pid {self.proc.pid}) did not "
+                    "die on SIGKILL (uninterruptible sleep?); leaving it")
+        if self.exit is None:
+            self.exit = self.exit_record(host, stopped_by_us=True)
+        self.output.close(deadline)
+        self.exit.log_error = self.output.log_error
+        if self.exit.returncode not in (0, exitcodes.PREEMPTED) and not self.exit.stopped_by_us:
+            recorded = [] if self.stale_error_file else read_error_file(self.plan.error_file)
+            self.exit.tail = recorded or list(self.output.stderr_tail)
 
 
 class WorkerGroup:
@@ -118,31 +110,20 @@ class WorkerGroup:
         self.warm = warm  # forks the workers from a warm interpreter while it serves (warm.py)
         self.marker = procs.new_marker()
         self.workers: list[Worker] = []
-        self._cgroup: JobCgroup | None = None
-        self._reaper: Reaper | None = None
-        self._orphans: _Orphans | None = None
+        self._guard: JobGuard | None = None  # the cgroup, the reaper, adopted orphans (guard.py)
 
     def open(self) -> None:
         """Become the subreaper of the workers' trees; create the job's cgroup and the reaper."""
-        procs.become_subreaper()
-        before = procs.children()
-        self._cgroup = JobCgroup.create(self.marker)
-        try:
-            self._reaper = Reaper(self.marker, self._cgroup.path if self._cgroup else None)
-        except OSError as exc:  # fork failed (EAGAIN, ENOMEM): no job without its guard
-            if self._cgroup is not None:
-                self._cgroup.remove(time.monotonic() + 1.0)
-            raise LaunchError(f"cannot start the reaper process that guards the job: {exc.strerror or exc}") from None
-        self._orphans = _Orphans(self._reaper, before)
+        self._guard = JobGuard.open(self.marker)
 
     def close(self) -> None:
         """Remove the cgroup and stop the reaper (after the last teardown)."""
-        if self._cgroup is not None:
-            self._cgroup.remove(time.monotonic() + 1.0)
+        if self._guard is not None:
+            self._guard.remove_cgroup()
         if self.warm is not None:
             self.warm.close()
-        if self._reaper is not None:
-            self._reaper.close()
+        if self._guard is not None:
+            self._guard.close_reaper()
 
     # -- start and poll -------------------------------------------------------------------------
 
@@ -155,7 +136,7 @@ class WorkerGroup:
         output pumped), with the environment its plan builds for ``attempt`` and this group's
         marker; forked ones are all asked for at once (the zygote forks them back to back), the
         others start cold."""
-        if self._reaper is None:
+        if self._guard is None:
             raise RuntimeError("WorkerGroup.start_all before open()")
         envs = [plan.env.build(attempt, self.marker) for plan in plans]
         stale = [not _remove_error_file(plan.error_file) for plan in plans]  # before its worker can write one
@@ -163,12 +144,12 @@ class WorkerGroup:
             for plan in plans:
                 _mark_attempt(plan.log, attempt)
         forked: list[ForkedProcess | None] = [None] * len(plans)
-        if self.warm is not None and self._orphans is not None:
-            forked = self.warm.spawn_all(list(zip(plans, envs)), self._cgroup, self._orphans.keep)
+        if self.warm is not None:
+            forked = self.warm.spawn_all(list(zip(plans, envs)), self._guard.cgroup, self._guard.orphans.keep)
         for plan, env, fork, was_stale in zip(plans, envs, forked, stale):
             output = WorkerOutput(plan.rank, self.host, plan.log, self.console)
-            proc = fork or procs.spawn(plan.argv, env, plan.cwd, self._cgroup, plan.cpus)
-            self._reaper.watch(proc.pid)
+            proc = fork or procs.spawn(plan.argv, env, plan.cwd, self._guard.cgroup, plan.cpus)
+            self._guard.reaper.watch(proc.pid)
             output.pump(proc.stdout, proc.stderr)
             self.workers.append(Worker(plan=plan, env=env, proc=proc, output=output, pgid=proc.pid,
                                        stale_error_file=was_stale))
@@ -178,7 +159,7 @@ class WorkerGroup:
         failed = []
         for worker in self.workers:
             if worker.exit is None and worker.proc.poll() is not None:
-                worker.exit = self._exit_of(worker, stopped_by_us=False)
+                worker.exit = worker.exit_record(self.host, stopped_by_us=False)
                 if worker.exit.returncode != 0:
                     failed.append(worker.exit)
         return failed
@@ -211,9 +192,7 @@ class WorkerGroup:
     def check_reaper(self) -> str | None:
         """Replace a reaper that died or was stopped (said on the console); the cause to stop
         the job when it cannot be replaced (for the report), else None."""
-        if self._reaper is None:
-            return None
-        loss = self._reaper.check()
+        loss = self._guard.check_reaper() if self._guard is not None else None
         if loss is None:
             return None
         if loss.cause is None:
@@ -227,15 +206,8 @@ class WorkerGroup:
             self.console.say(f"clusterddp: warning: {cause}")
 
     def adopt_orphans(self) -> None:
-        if self._orphans is not None:
-            self._orphans.adopt(self.workers)
-
-    def _exit_of(self, worker: Worker, stopped_by_us: bool) -> WorkerExit:
-        code = worker.proc.returncode
-        return WorkerExit(host=self.host, rank=worker.plan.rank, local_rank=worker.plan.local_rank,
-                          pid=worker.proc.pid, returncode=-signal.SIGKILL if code is None else code,
-                          log=worker.plan.log,
-                          at=time.time(), stopped_by_us=stopped_by_us)
+        if self._guard is not None:
+            self._guard.adopt(w.proc.pid for w in self.workers)
 
     # -- teardown -------------------------------------------------------------------------------
 
@@ -258,25 +230,16 @@ class WorkerGroup:
         for worker in live:
             procs.signal_group(worker.pgid, signum)
         self._wait_workers(live, grace_end)
-        self._kill_all(trees)
+        # SIGKILL every group (also of workers that exited: their children may linger), then
+        # what left the groups (guard.py).
+        for worker in self.workers:
+            procs.signal_group(worker.pgid, signal.SIGKILL)
+        if self._guard is not None:
+            self._guard.kill(trees, (w.proc.pid for w in self.workers))
         deadline = grace_end + TEARDOWN_SLACK
         self._reap_all(deadline)
         for worker in self.workers:
-            self._finish(worker, deadline)
-
-    def _kill_all(self, trees: list[tuple[int, int]]) -> None:
-        """SIGKILL every group (also of workers that exited: their children may linger), the
-        job's cgroup, then what left the group: setsid children (trees), marked processes,
-        and orphans reparented to us (double forks that cleared their environment)."""
-        for worker in self.workers:
-            procs.signal_group(worker.pgid, signal.SIGKILL)
-        if self._cgroup is not None:
-            self._cgroup.kill()
-        procs.kill_processes(trees)
-        procs.kill_marked(self.marker)
-        self.adopt_orphans()
-        if self._orphans is not None:
-            self._orphans.kill()
+            worker.finish(self.host, deadline, self.console.say)
 
     def _reap_all(self, deadline: float) -> None:
         """Until all is gone or ``deadline``: reap the workers and adopted orphans, kill late
@@ -288,11 +251,10 @@ class WorkerGroup:
             for worker in self.workers:
                 worker.proc.poll()
             self.adopt_orphans()
-            if self._orphans is not None:
-                self._orphans.kill()
+            if self._guard is not None:
+                self._guard.orphans.kill()
             if all(w.proc.returncode is not None for w in self.workers) \
-                    and not (self._orphans and self._orphans.adopted) \
-                    and (self._cgroup is None or self._cgroup.empty()) and not procs.live_groups(pgids):
+                    and (self._guard is None or self._guard.gone()) and not procs.live_groups(pgids):
                 return
             if time.monotonic() >= deadline:
                 return
@@ -307,22 +269,6 @@ class WorkerGroup:
             self._keep_reaper()
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.005)
-
-    def _finish(self, worker: Worker, deadline: float) -> None:
-        """The worker's exit, its output drained (until ``deadline``), its report tail."""
-        if worker.proc.returncode is None:
-            try:
-                worker.proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                self.console.say(f"clusterddp: warning: rank {worker.plan.rank} (pid {worker.proc.pid}) did not "
-                                 "die on SIGKILL (uninterruptible sleep?); leaving it")
-        if worker.exit is None:
-            worker.exit = self._exit_of(worker, stopped_by_us=True)
-        worker.output.close(deadline)
-        worker.exit.log_error = worker.output.log_error
-        if worker.exit.returncode not in (0, exitcodes.PREEMPTED) and not worker.exit.stopped_by_us:
-            recorded = [] if worker.stale_error_file else read_error_file(worker.plan.error_file)
-            worker.exit.tail = recorded or list(worker.output.stderr_tail)
 
 
 def _remove_error_file(path: str) -> bool:

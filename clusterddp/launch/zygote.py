@@ -9,8 +9,9 @@ the unix socket FD, and then serves one request per worker: an argv, environment
 and cgroup as JSON, with the worker's stdin/stdout/stderr passed as descriptors
 (SCM_RIGHTS). Each worker is made by a double fork, so that it becomes the launcher's child:
 
-- the zygote forks an intermediate, which forks the worker and exits as soon as the worker
-  is in its own session (``setsid``), has its stdio and joined the job's cgroup;
+- the zygote forks an intermediate, which forks the worker (a run of an attempt's workers,
+  one after the other: ``serve``) and exits as soon as they are each in their own session
+  (``setsid``), have their stdio and joined the job's cgroup;
 - the launcher is a child subreaper, so the orphaned worker is reparented to it: it is the
   launcher's child like a cold one, and ``waitpid`` gives the supervisor its exit code or
   signal exactly as for a cold worker (no status relayed over a socket, none lost when the
@@ -31,6 +32,7 @@ import ctypes
 import gc
 import importlib.util
 import json
+import math
 import os
 import select
 import socket
@@ -118,27 +120,42 @@ def serve(sock: socket.socket) -> dict[str, Any]:
     """Fork a worker per request until the launcher closes the socket (then exit); returns
     only in a new worker, with its request, ready to run the script.
 
-    Pipelined: while the launcher has more requests queued, the next intermediate is forked
-    before the previous one has reported (each forks its worker meanwhile, on another CPU);
-    the replies still go back one per request, in order."""
-    pending: collections.deque[tuple[int, int] | str] = collections.deque()
+    The launcher sends an attempt's requests back to back, the first saying how many there
+    are (``batch``); they are taken together and shared out over about sqrt(n) intermediates, each forking its share of workers in turn: the zygote forks k of them,
+    not one per worker, so n workers cost k + n forks of this large process instead of 2n,
+    and the last worker is forked after about k + n/k of them, not n + 1 (8 workers: 3
+    intermediates, 11 forks, the last after 6). The replies still go back one per request,
+    in order."""
+    pending: collections.deque[tuple[int, int, int] | str] = collections.deque()
     while True:
         if pending and not _queued(sock):
             _reply(sock, pending.popleft())
             continue
-        request, fds = receive(sock, max_fds=3)
-        if request is None:
-            os._exit(0)
-        started: tuple[int, int] | str | None
-        try:
-            started = _fork_middle(sock, request, fds)
-        except OSError as exc:
-            started = f"fork: {exc.strerror or exc}"
-        if started is None:
-            return request  # in the worker: its descriptors are its stdio now
-        for fd in fds:
-            os.close(fd)
-        pending.append(started)
+        batch: list[tuple[dict[str, Any], list[int]]] = []
+        while not batch or len(batch) < int(batch[0][0].get("batch") or 1):
+            request, fds = receive(sock, max_fds=3)
+            if request is None:
+                os._exit(0)
+            batch.append((request, fds))
+        for share in _shares(batch):
+            started: tuple[int, int, int] | dict[str, Any] | str
+            try:
+                started = _fork_middle(sock, share)
+            except OSError as exc:
+                started = f"fork: {exc.strerror or exc}"
+            if isinstance(started, dict):
+                return started  # in a worker: its descriptors are its stdio now
+            for _request, fds in share:
+                for fd in fds:
+                    os.close(fd)
+            pending.extend([started] * len(share) if isinstance(started, str) else [started])
+
+
+def _shares(batch: list[Any]) -> list[list[Any]]:
+    """``batch`` cut in order into about sqrt(len) runs of about equal length."""
+    count = math.isqrt(len(batch) - 1) + 1 if batch else 0
+    size = -(-len(batch) // count) if count else 0
+    return [batch[i:i + size] for i in range(0, len(batch), size)] if size else []
 
 
 def _queued(sock: socket.socket) -> bool:
@@ -147,24 +164,25 @@ def _queued(sock: socket.socket) -> bool:
     return bool(readable)
 
 
-def _reply(sock: socket.socket, started: tuple[int, int] | str) -> None:
-    """The pid of a started worker, once its intermediate has exited (so the worker is the
-    launcher's child already), or why it failed."""
+def _reply(sock: socket.socket, started: tuple[int, int, int] | str) -> None:
+    """The pids of an intermediate's workers, in order, once it has exited (so they are the
+    launcher's children already), or why one failed."""
     if isinstance(started, str):
         send(sock, {"error": started})
         return
-    middle, report_r = started
+    middle, report_r, count = started
     os.waitpid(middle, 0)
     with os.fdopen(report_r, "rb") as report:
-        text = report.read()
-    send(sock, {"pid": int(text)} if text else {"error": "the worker did not start"})
+        pids = report.read().decode().split("\n")
+    for pid in (pids + [""] * count)[:count]:
+        send(sock, {"pid": int(pid)} if pid else {"error": "the worker did not start"})
 
 
-def _fork_middle(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> tuple[int, int] | None:
-    """First half of the double fork: (the intermediate's pid, the pipe it reports the
-    worker's pid on) in the zygote; None in the worker (set up). The intermediate exits once
-    the worker says it is in its own session with its stdio and cgroup, so the launcher never
-    gets a pid without its process group."""
+def _fork_middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int]]]) -> tuple[int, int, int] | dict[str, Any]:
+    """First half of the double fork: (the intermediate's pid, the pipe it reports its
+    workers' pids on, how many) in the zygote; a worker's request in that worker (set up).
+    The intermediate exits once each of its workers says it is in its own session with its
+    stdio and cgroup, so the launcher never gets a pid without its process group."""
     report_r, report_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -176,33 +194,37 @@ def _fork_middle(sock: socket.socket, request: dict[str, Any], fds: list[int]) -
         raise
     if middle == 0:
         os.close(report_r)
-        _middle(sock, request, fds, report_w)
-        return None  # only the worker gets here
+        return _middle(sock, share, report_w)  # only a worker returns
     os.close(report_w)
-    return middle, report_r
+    return middle, report_r, len(share)
 
 
-def _middle(sock: socket.socket, request: dict[str, Any], fds: list[int], report_w: int) -> None:
-    """In the intermediate: fork the worker (this returns in it, set up), tell the zygote its
-    pid once it is set up, exit."""
-    try:
-        ready_r, ready_w = os.pipe()
-        worker = os.fork()
-        if worker == 0:
+def _middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int]]], report_w: int) -> dict[str, Any]:
+    """In the intermediate: fork its workers in turn (this returns in each, set up, with its
+    request), report each one's pid (an empty line: it failed) once it is set up, exit."""
+    for request, fds in share:
+        try:
+            ready_r, ready_w = os.pipe()
+            worker = os.fork()
+            if worker == 0:
+                try:
+                    os.close(ready_r)
+                    os.close(report_w)
+                    sock.close()
+                    _set_up(request, fds, ready_w)  # every other descriptor closed
+                    os.close(ready_w)  # EOF: set up
+                except BaseException:  # noqa: BLE001 (never back into the zygote's loop)
+                    os._exit(127)
+                return request
+            os.close(ready_w)
+            os.read(ready_r, 1)
+            os.close(ready_r)
+            os.write(report_w, f"{worker}\n".encode())
+        except BaseException:  # noqa: BLE001
             try:
-                os.close(ready_r)
-                os.close(report_w)
-                sock.close()
-                _set_up(request, fds, ready_w)
-                os.close(ready_w)  # EOF: set up
-            except BaseException:  # noqa: BLE001 (never back into the zygote's loop)
-                os._exit(127)
-            return
-        os.close(ready_w)
-        os.read(ready_r, 1)
-        os.write(report_w, str(worker).encode())
-    except BaseException:  # noqa: BLE001
-        pass
+                os.write(report_w, b"\n")
+            except OSError:
+                pass
     os._exit(0)
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clusterddp.launch import warm
 from clusterddp.launch.warm import entry_file, imports_torch, wanted
 from tests.conftest import BIN, cli, start_cli, wait_for, write_job
 
@@ -69,6 +72,16 @@ def _zygote_of(launcher: int) -> int | None:
     return None
 
 
+def _idle(zygote: int) -> bool:
+    """The zygote waits for a request: every answer sent (no intermediate left, blocked reading its socket)."""
+    try:
+        children = Path(f"/proc/{zygote}/task/{zygote}/children").read_text().split()
+        wchan = Path(f"/proc/{zygote}/wchan").read_text()
+    except OSError:
+        return False
+    return not children and wchan in ("unix_stream_read_generic", "0", "")  # "0": the kernel hides it
+
+
 def _gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
@@ -81,8 +94,9 @@ def _attempt(tmp_path: Path, rank: int, attempt: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("signum, why", [
-    (signal.SIGKILL, "it was killed by SIGKILL before a fork"),
-    (signal.SIGSTOP, "no answer to a fork within 10 s"),
+    # the request may reach a zygote still on its way out (it then goes unanswered): either way
+    (signal.SIGKILL, r"it was killed by SIGKILL (before a fork|while forking a worker)"),
+    (signal.SIGSTOP, r"no answer to a fork within 10 s"),
 ])
 def test_a_killed_or_stopped_zygote_falls_back_to_a_cold_start(tmp_path: Path, signum: int, why: str) -> None:
     """The zygote SIGKILLed or SIGSTOPped before a restart: one line, the next attempt starts cold and succeeds, nothing left running."""
@@ -92,6 +106,9 @@ def test_a_killed_or_stopped_zygote_falls_back_to_a_cold_start(tmp_path: Path, s
         assert wait_for(lambda: (tmp_path / "rank1.attempt0.json").exists(), 120)
         zygote = _zygote_of(proc.pid)
         assert zygote is not None
+        # a worker runs before the zygote has answered for it: stopped in between, the
+        # launcher would start that attempt cold (beside the warm workers), not the next
+        assert wait_for(lambda: _idle(zygote), 30)
         os.kill(zygote, signum)
         (tmp_path / "go").touch()
         _, err = proc.communicate(timeout=120)
@@ -102,10 +119,74 @@ def test_a_killed_or_stopped_zygote_falls_back_to_a_cold_start(tmp_path: Path, s
     assert proc.returncode == 0, err
     assert "killed by SIGKILL" in err  # rank 1's own death, seen as for a cold worker
     assert err.count("warm start off") == 1, err
-    assert f"warm start off ({why}): starting workers cold" in err
+    assert re.search(rf"warm start off \({why}\): starting workers cold", err), err
     assert all("zygote.py" in " ".join(_attempt(tmp_path, r, 0)["cmdline"]) for r in (0, 1))
     assert all("bootstrap.py" in " ".join(_attempt(tmp_path, r, 1)["cmdline"]) for r in (0, 1))
     assert _gone(zygote) and all(_gone(_attempt(tmp_path, r, a)["pid"]) for r in (0, 1) for a in (0, 1))
+
+
+def test_the_zygote_starts_before_the_worker_group(tmp_path: Path) -> None:
+    """The zygote is started once the job is planned (warm.prestart), before the reaper, and it is the one that serves the workers."""
+    job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path), "wait"])
+    proc = start_cli("run", str(job))
+    try:
+        assert wait_for(lambda: all((tmp_path / f"rank{r}.attempt0.json").exists() for r in (0, 1)), 120)
+        zygote = _zygote_of(proc.pid)
+        launcher = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        children = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        reapers = [pid for pid in children if Path(f"/proc/{pid}/cmdline").read_bytes() == launcher]
+        assert zygote is not None and len(reapers) == 1
+        # pids grow: the zygote is older than the reaper, the group's first act (a zygote
+        # started by the group instead, after a prestarted one was refused, would be younger)
+        assert zygote < reapers[0]
+        assert all(_attempt(tmp_path, r, 0)["ppid"] == proc.pid for r in (0, 1))
+    finally:
+        proc.kill()  # rank 1 waits for a "go" that never comes
+        _, err = proc.communicate()
+    assert "warm start off" not in err
+
+
+@pytest.mark.parametrize("count, shares", [(1, [1]), (2, [1, 1]), (4, [2, 2]), (5, [2, 2, 1]), (8, [3, 3, 2]),
+                                           (9, [3, 3, 3])])
+def test_an_attempts_requests_are_shared_over_about_sqrt_n_intermediates(count: int, shares: list[int]) -> None:
+    """The zygote forks about sqrt(n) intermediates for n workers, each forking a run of them in order."""
+    from clusterddp.launch import zygote
+
+    assert [len(share) for share in zygote._shares(list(range(count)))] == shares
+    assert [x for share in zygote._shares(list(range(count))) for x in share] == list(range(count))
+
+
+def test_five_warm_workers_from_three_intermediates(tmp_path: Path) -> None:
+    """5 workers (intermediates forking 2, 2 and 1): each its own process, the launcher's child, in its own session, with its rank."""
+    job = write_job(tmp_path, script="warm_attempts.py", args=[str(tmp_path), "wait"], nproc_per_node=5)
+    proc = start_cli("run", str(job))
+    try:
+        assert wait_for(lambda: all((tmp_path / f"rank{r}.attempt0.json").exists() for r in range(5)), 120)
+        seen = [_attempt(tmp_path, r, 0) for r in range(5)]
+        assert len({s["pid"] for s in seen}) == 5 and all(s["ppid"] == proc.pid for s in seen)
+        assert all("zygote.py" in " ".join(s["cmdline"]) for s in seen)
+        assert all(os.getsid(s["pid"]) == s["pid"] for s in seen)
+    finally:
+        proc.kill()  # rank 1 waits for a "go" that never comes
+        _, err = proc.communicate()
+    assert "warm start off" not in err
+
+
+def test_a_prestarted_zygote_serves_only_the_same_start(tmp_path: Path) -> None:
+    """take_prestarted returns the zygote started with the same interpreter, environment and preloads; any other is stopped."""
+    env = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"}
+    warm.prestart(sys.executable, env, (), str(tmp_path / "zygote.log"))
+    first = warm._prestarted[0]
+    assert warm.take_prestarted(sys.executable, env, ()) is first
+    first.close()
+    warm.prestart(sys.executable, env, (), str(tmp_path / "zygote.log"))
+    second = warm._prestarted[0]
+    assert warm.take_prestarted(sys.executable, {**env, "OMP_NUM_THREADS": "2"}, ()) is None
+    assert second.proc.poll() is not None and not warm._prestarted  # stopped, not left for later
+    warm.prestart(sys.executable, env, (), str(tmp_path / "zygote.log"))
+    third = warm._prestarted[0]
+    warm.drop_prestarted()
+    assert third.proc.poll() is not None and warm.take_prestarted(sys.executable, env, ()) is None
 
 
 def test_workers_and_zygote_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
