@@ -125,6 +125,8 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
             _prestart_zygote(plans[0], topology, job.preload)
         planning.prepare_logs(plans, keep=bool(topology.restart_count))
         supervision = supervisor_options(job, topology, options, run_dir)
+        # imported here, once the zygote imports torch beside it: the supervisor's modules
+        # are most of the launcher's own start-up (docs/warm-start.md: `warm.prestart`)
         from clusterddp.launch.supervisor import LocalSupervisor
 
         supervisor = LocalSupervisor(topology, plans, supervision)

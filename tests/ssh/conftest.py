@@ -21,14 +21,24 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(__file__).resolve().parent / "bin"
 
 
-@pytest.fixture
-def lab4() -> Iterator[SSHLab]:
-    """Four sshd hosts, each in its own network namespace; torn down after the test."""
+def _lab(n: int) -> Iterator[SSHLab]:
     reason = lab_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    with ssh_lab(4) as lab:
+    with ssh_lab(n) as lab:
         yield lab
+
+
+@pytest.fixture
+def lab2() -> Iterator[SSHLab]:
+    """Two sshd hosts, each in its own network namespace; torn down after the test."""
+    yield from _lab(2)
+
+
+@pytest.fixture
+def lab4() -> Iterator[SSHLab]:
+    """Four sshd hosts, each in its own network namespace; torn down after the test."""
+    yield from _lab(4)
 
 
 def write_job(lab: SSHLab, script: str, *, nproc: int = 2, args: list[str] | None = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import paramiko
 import pytest
@@ -21,21 +21,11 @@ from clusterddp.protocol import write_launcher_file
 from clusterddp.sections.ssh import SSHSpec
 from tests.conftest import cli, cli_env
 from tests.ssh.conftest import Head
-from tests.testbed import SSHLab, lab_unavailable_reason, ssh_lab
+from tests.testbed import SSHLab
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 ATTEMPT = "import os\nattempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
-
-
-@pytest.fixture
-def lab2() -> Iterator[SSHLab]:
-    """Two sshd hosts, each in its own network namespace; torn down after the test."""
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with ssh_lab(2) as lab:
-        yield lab
 
 
 def _job(lab: SSHLab, script: str, restarts: int = 2) -> Path:
