@@ -31,6 +31,16 @@ def lab4() -> Iterator[SSHLab]:
         yield lab
 
 
+@pytest.fixture
+def lab2() -> Iterator[SSHLab]:
+    """Two sshd hosts, each in its own network namespace; torn down after the test."""
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with ssh_lab(2) as lab:
+        yield lab
+
+
 def write_job(lab: SSHLab, script: str, *, nproc: int = 2, args: list[str] | None = None,
               env: dict[str, str] | None = None, ssh: dict[str, Any] | None = None,
               name: str = "t") -> Path:

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -19,19 +19,9 @@ import yaml
 from clusterddp.launch.ssh.reach import USER_TIMEOUT_MS
 from tests.conftest import cli, cli_env
 from tests.ssh.conftest import BIN, REPO, Head, launcher_pid
-from tests.testbed import SSHLab, lab_unavailable_reason, ssh_lab
+from tests.testbed import SSHLab
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-
-
-@pytest.fixture
-def lab2() -> Iterator[SSHLab]:
-    """Two sshd hosts, each in its own network namespace; torn down after the test."""
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with ssh_lab(2) as lab:
-        yield lab
 
 
 def _job(lab: SSHLab, script: Path, args: list[str], restarts: int) -> Path:
