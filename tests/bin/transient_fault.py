@@ -7,6 +7,7 @@ In attempt 0, after step 1 (progress made), MODE happens:
 
 - ``sigkill``, ``sigterm``: rank ``FAULT_RANK`` writes its pid to ``DIR/fault.pid`` and waits;
   the test signals it from outside;
+- ``link``: the same over gloo, and the test cuts the link of that rank's host (tests/ssh);
 - ``oom``: the rank joins the memory cgroup ``DIR/memory-cgroup`` names (the test made it,
   with a small limit) and allocates until the kernel's OOM killer ends it; without that file
   it behaves as ``sigkill`` (the test sends the OOM killer's signal itself);
@@ -23,7 +24,7 @@ from clusterddp.train import heartbeat
 
 STEPS = 4
 FAULT_RANK = int(os.environ["WORLD_SIZE"]) - 1
-COLLECTIVE = {"sigkill", "timeout"}
+COLLECTIVE = {"sigkill", "timeout", "link"}
 
 
 def main() -> None:

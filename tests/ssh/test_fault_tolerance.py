@@ -219,3 +219,58 @@ def test_fewer_than_min_hosts_names_each_host(lab4: SSHLab, head_factory) -> Non
     assert not head.stdout
     assert lab4.wait_clean(2)[0]
 
+
+def test_cut_link_restarts_job_from_checkpoint(lab2: SSHLab, head_factory, tmp_path: Path) -> None:
+    """A cut link, one of issue 25's transient faults, on 2 hosts x 1 gloo worker, a fixed node
+    count, ``restarts: 2`` (tests/bin/transient_fault.py ``link``: a checkpoint per step). Once
+    attempt 0 made progress (both ranks checkpointed step 2, rank 1 then waits in step 2),
+    cdssh2's link is cut; the head notices (no TCP acknowledgement for 5 s) and names the host in
+    the attempt's report; then the link comes back. The head restarts the whole job (the full
+    way: cdssh2's session is gone, so no restart in place), attempt 1 resumes from the
+    checkpoint at step 2 on both hosts, the job finishes with exit 0, and nothing is left running.
+
+    The link is restored as soon as the head's report names cdssh2, before the restart's probe:
+    with a fixed ``nodes`` every listed host must pass that probe, and a host still cut off
+    fails it (``attempt.prepare`` raises PreflightError, ``fanout._start`` says "restart 1: ..."
+    and ends the job with the last attempt's exit, 255), as a fixed-size job must when a node
+    is gone for good (an elastic job would leave it out, the test above). cdssh2's launcher of
+    attempt 0, cut off, stops on its own (no heartbeat for 6 s: here just before the head's
+    report); had it still been stopping, attempt 1's launcher there would wait for it to let go
+    of rank 1's log lock (``local.lock_logs``)."""
+    job = write_job(lab2, str(REPO / "tests" / "bin" / "transient_fault.py"), nproc=1, name="cut",
+                    args=["link", str(tmp_path)], env={"OMP_NUM_THREADS": "1"})
+    data = yaml.safe_load(job.read_text())
+    data.update({"restarts": 2, "python": sys.executable})
+    job.write_text(yaml.safe_dump(data))
+    head = head_factory(str(job), "--hostfile", str(lab2.hostfile), "--run-id", "cut")
+    _wait_for_file(tmp_path / "fault.pid", head, timeout=90)  # rank 1 (cdssh2) in step 2, both checkpointed 2
+    cut_host = lab2.host("cdssh2")
+    lab2.cut(cut_host)
+    cut = time.monotonic()
+    try:
+        noticed = _wait_stderr(head, r"failed on cdssh2: connection lost", timeout=30)
+    finally:
+        lab2.restore(cut_host)
+    restarted = _wait_stderr(head, r"^clusterddp: restart 1: 2 host\(s\) cdssh1,cdssh2 \(world size 2\)$")
+    code = head.finish(120)
+    finished = time.monotonic()
+    stderr = "\n".join(head.stderr)
+    assert code == 0, head.output()
+    assert re.search(r"attempt 1 failed \(cdssh2: connection lost .*restarting the whole job in 0s "
+                     r"\(restart 1 of 2\)", stderr), stderr
+    assert "in place" not in stderr and "not restarting" not in stderr, stderr
+    assert re.search(r"attempt 1: 2 host\(s\) \(world size 2\) cdssh1,cdssh2: exit 255", stderr), stderr
+    assert re.search(r"attempt 2: 2 host\(s\) \(world size 2\) cdssh1,cdssh2: finished", stderr), stderr
+    ends = [e for e in map(json.loads, (tmp_path / "logs" / "cut" / "events.jsonl").read_text().splitlines())
+            if e["kind"] == "attempt_end"]
+    assert [e["verdict"] for e in ends] == ["restart", "stop"], ends
+    stdout = "\n".join(head.stdout)
+    for rank in (0, 1):
+        assert (tmp_path / f"start.rank{rank}.attempt0").read_text() == "0"
+        assert (tmp_path / f"start.rank{rank}.attempt1").read_text() == "2"  # resumed, not from step 0
+        assert (tmp_path / f"ckpt.rank{rank}").read_text() == "4"
+        assert f"rank {rank} finished at step 4 (attempt 1, resumed at 2)" in stdout, head.output()
+    clean, seconds, left = lab2.wait_clean(6.0 + 2 + 2)  # a launcher cut off stops within its heartbeat timeout
+    assert clean, left
+    print(f"cut link: cut -> named {noticed - cut:.1f}s, -> restart line {restarted - cut:.1f}s, "
+          f"-> job done {finished - cut:.1f}s; hosts clean {seconds:.1f}s after")
