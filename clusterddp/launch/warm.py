@@ -11,6 +11,10 @@ How a forked worker stays a worker the supervisor knows (docs/warm-start.md):
   waits for it by pid as for a cold one: ``ForkedProcess`` is the ``Popen`` of such a child;
 - its stdio are pipes the launcher makes here and passes over the socket (SCM_RIGHTS); the
   launcher keeps the read ends for ``WorkerOutput``, as a cold worker's ``Popen`` pipes;
+- it runs the script only after a byte on its *go* pipe, written here once the zygote's
+  reply gave its pid (``Zygote.answer``); a worker whose reply never came (the zygote died or
+  stopped in between) sees the pipe closed unwritten and exits without running anything, and
+  its rank starts cold: no rank runs twice, no forked worker runs unsupervised;
 - the zygote lives outside the job's cgroup (a teardown kills the cgroup) and without the
   launcher's marker (a teardown kills marked processes); it dies with the launcher
   (PDEATHSIG) and the reaper knows its group.
@@ -191,40 +195,50 @@ class Zygote:
         self.warm_seconds = float(message.get("seconds") or 0.0)
 
     def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cpus: tuple[int, ...] | None,
-                cgroup: str | None, batch: int = 1) -> tuple[int, int]:
+                cgroup: str | None, batch: int = 1) -> tuple[int, int, int]:
         """Ask for a worker without waiting for it (``answer`` gets it, requests answered in
-        order): the read ends of its stdout and stderr. ``batch``: how many requests are sent
+        order): the read ends of its stdout and stderr, and the write end of its go pipe (the
+        worker runs nothing before a byte on it, and exits at its EOF: zygote.become_worker;
+        only the launcher holds this end). ``batch``: how many requests are sent
         back to back, this one the first of them (the zygote waits for all before it forks,
         and shares them out over a few intermediates: zygote.serve)."""
         if tuple(argv[:len(self._prefix)]) != self._prefix:
             raise ZygoteLost("the worker's command is not the bootstrap's")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
                    "cgroup": cgroup, "launcher": os.getpid(), "batch": batch}
         try:
-            frames.send(self.sock, request, [null, out_w, err_w])
+            frames.send(self.sock, request, [null, out_w, err_w, go_r])
         except OSError as exc:
-            os.close(out_r)
-            os.close(err_r)
+            _close((out_r, err_r, go_w))
             self._lose(f"it {self._how_gone()} before a fork" if self._exited()
                        else f"its socket failed: {exc.strerror or exc}")
         finally:
-            for fd in (null, out_w, err_w):
+            for fd in (null, out_w, err_w, go_r):
                 os.close(fd)
-        return out_r, err_r
+        return out_r, err_r, go_w
 
-    def answer(self, pipes: tuple[int, int]) -> ForkedProcess:
+    def answer(self, pipes: tuple[int, int, int]) -> ForkedProcess:
         """The worker of the oldest request not answered yet (``pipes``: what ``request``
-        returned for it); ZygoteLost when the zygote cannot (the caller closes the pipes)."""
+        returned for it), told to go; ZygoteLost when the zygote cannot (the caller closes the
+        pipes: a worker forked meanwhile then exits without running the script)."""
         if not self._readable(FORK_TIMEOUT):
             self._lose(f"no answer to a fork within {FORK_TIMEOUT:.0f} s")
         reply = self._receive("while forking a worker")
         if "pid" not in reply:
             self._lose(f"fork failed: {reply.get('error')}")
-        out_r, err_r = pipes
-        return ForkedProcess(int(reply["pid"]), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+        out_r, err_r, go_w = pipes
+        forked = ForkedProcess(int(reply["pid"]), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+        try:
+            os.write(go_w, b"g")  # its pid is ours now: it may run the script
+        except OSError:
+            pass  # it died already: waitpid says how, as for any worker
+        finally:
+            os.close(go_w)
+        return forked
 
     def close(self) -> None:
         """Stop it: EOF on its socket ends it; SIGKILL in case it is stopped or busy."""
@@ -248,6 +262,7 @@ class Zygote:
         except (OSError, ValueError) as exc:
             self._lose(f"its socket failed {doing}: {exc}")
         if message is None:
+            self._exited()  # EOF: it is on its way out, its status says how
             self._lose(f"it {self._how_gone()} {doing}")
         assert message is not None
         return message
@@ -308,7 +323,7 @@ class WarmStart:
         forked: list[ForkedProcess | None] = [None] * len(workers)
         if self.off or not workers:
             return forked
-        asked: list[tuple[int, int]] = []
+        asked: list[tuple[int, int, int]] = []
         answered = 0
         try:
             zygote = self._ready(workers[0][0], workers[0][1], started)
@@ -319,9 +334,10 @@ class WarmStart:
                 forked[answered] = zygote.answer(pipes)
                 answered += 1
         except ZygoteLost as exc:
-            for pipes in asked[answered:]:  # never to be answered
-                _close(pipes)
             self._turn_off(exc)
+        finally:
+            for pipes in asked[answered:]:  # never to be answered: a worker forked for one
+                _close(pipes)  # sees its go pipe closed and exits without running anything
         return forked
 
     def _ready(self, plan: "_Plan", env: Mapping[str, str], started: Callable[[int], None]) -> Zygote:
@@ -400,7 +416,7 @@ def _key(python: str, env: Mapping[str, str], preload: Sequence[str]) -> "_Key":
     return python, tuple(sorted(env.items())), tuple(preload)
 
 
-def _close(pipes: tuple[int, int]) -> None:
+def _close(pipes: tuple[int, ...]) -> None:
     for fd in pipes:
         os.close(fd)
 

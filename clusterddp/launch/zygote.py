@@ -21,6 +21,19 @@ and cgroup as JSON, with the worker's stdin/stdout/stderr passed as descriptors
   the same function a cold worker runs, with ``sys.argv`` and ``sys.orig_argv`` of the cold
   command line.
 
+A worker runs the script only once the launcher has its pid: with its stdio the launcher
+passes the read end of a *go* pipe, whose write end only the launcher holds. The worker
+waits for a byte on it, which the launcher writes when it has read the zygote's reply for
+that worker; the launcher closes it unwritten when it gives up on the zygote before that
+reply (the zygote died or stopped between a fork and its reply), and the worker, seeing EOF,
+exits without running anything: the launcher then starts that rank cold, and no rank runs
+twice.
+
+Test hook (tests/core/test_warm.py only): with ``CLUSTERDDP_TEST_ZYGOTE_SIGNAL`` set to a
+signal number in its environment, the zygote sends itself that signal (9: killed, 19:
+stopped) right before its last reply to an attempt's requests, once every worker of it is
+forked, and says their pids on its stderr (its log) first.
+
 Only the standard library is imported here besides torch and the preloads, and
 ``bootstrap.py`` is loaded by its path as a private module (not in ``sys.modules``).
 """
@@ -48,6 +61,8 @@ _PR_SET_PDEATHSIG = 1
 _REPARENT_WAIT = 10.0
 #: Request and reply frames: a 4-byte big-endian length, then that much JSON.
 _LENGTH = struct.Struct("!I")
+#: Test hook (module docstring): a signal number the zygote sends itself before its last reply.
+_TEST_SIGNAL = "CLUSTERDDP_TEST_ZYGOTE_SIGNAL"
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -125,15 +140,17 @@ def serve(sock: socket.socket) -> dict[str, Any]:
     not one per worker, so n workers cost k + n forks of this large process instead of 2n,
     and the last worker is forked after about k + n/k of them, not n + 1 (8 workers: 3
     intermediates, 11 forks, the last after 6). The replies still go back one per request,
-    in order."""
+    in order. A request's descriptors: the worker's stdin, stdout, stderr and the read end
+    of its go pipe (module docstring)."""
     pending: collections.deque[tuple[int, int, int] | str] = collections.deque()
     while True:
         if pending and not _queued(sock):
-            _reply(sock, pending.popleft())
+            oldest = pending.popleft()
+            _reply(sock, oldest, last=not pending)
             continue
         batch: list[tuple[dict[str, Any], list[int]]] = []
         while not batch or len(batch) < int(batch[0][0].get("batch") or 1):
-            request, fds = receive(sock, max_fds=3)
+            request, fds = receive(sock, max_fds=4)
             if request is None:
                 os._exit(0)
             batch.append((request, fds))
@@ -164,9 +181,9 @@ def _queued(sock: socket.socket) -> bool:
     return bool(readable)
 
 
-def _reply(sock: socket.socket, started: tuple[int, int, int] | str) -> None:
+def _reply(sock: socket.socket, started: tuple[int, int, int] | str, last: bool = False) -> None:
     """The pids of an intermediate's workers, in order, once it has exited (so they are the
-    launcher's children already), or why one failed."""
+    launcher's children already), or why one failed. ``last``: no other reply pending."""
     if isinstance(started, str):
         send(sock, {"error": started})
         return
@@ -174,6 +191,10 @@ def _reply(sock: socket.socket, started: tuple[int, int, int] | str) -> None:
     os.waitpid(middle, 0)
     with os.fdopen(report_r, "rb") as report:
         pids = report.read().decode().split("\n")
+    if last and os.environ.get(_TEST_SIGNAL):  # test hook only (module docstring)
+        sys.stderr.write(f"{_TEST_SIGNAL}: zygote {os.getpid()}, workers {' '.join(pids).strip()}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), int(os.environ[_TEST_SIGNAL]))
     for pid in (pids + [""] * count)[:count]:
         send(sock, {"pid": int(pid)} if pid else {"error": "the worker did not start"})
 
@@ -213,6 +234,7 @@ def _middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int]]], 
                     sock.close()
                     _set_up(request, fds, ready_w)  # every other descriptor closed
                     os.close(ready_w)  # EOF: set up
+                    request["go"] = fds[3]
                 except BaseException:  # noqa: BLE001 (never back into the zygote's loop)
                     os._exit(127)
                 return request
@@ -230,12 +252,16 @@ def _middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int]]], 
 
 def _set_up(request: dict[str, Any], fds: list[int], keep: int) -> None:
     """In the worker: what ``procs.spawn`` does between fork and exec for a cold worker, and
-    what a fresh interpreter would have (its stdio only, the worker's env, cwd and argv)."""
+    what a fresh interpreter would have (its stdio only, the worker's env, cwd and argv).
+    ``keep`` and the go pipe (``fds[3]``, closed by ``become_worker``) stay open too."""
     os.setsid()
-    for target, fd in enumerate(fds):
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
-    os.closerange(3, keep)  # every descriptor but its stdio, as exec of a cold worker leaves
-    os.closerange(keep + 1, _max_fd())
+    low = 3  # every descriptor but its stdio, as exec of a cold worker leaves
+    for kept in sorted({keep, fds[3]}):
+        os.closerange(low, kept)
+        low = kept + 1
+    os.closerange(low, _max_fd())
     cgroup = request.get("cgroup")
     if cgroup:
         try:
@@ -259,9 +285,13 @@ def _max_fd() -> int:
 
 
 def become_worker(request: dict[str, Any]) -> None:
-    """In the worker, once the intermediate is gone: die with the launcher, take the
-    worker's environment, cwd and command line."""
+    """In the worker, once the intermediate is gone: wait for the launcher's go (none: exit
+    quietly, this rank starts cold), die with the launcher, take the worker's environment,
+    cwd and command line."""
     middle = os.getppid()
+    if not os.read(request["go"], 1):  # the launcher gave up on the zygote before it had our pid
+        os._exit(0)
+    os.close(request["go"])
     launcher = int(request["launcher"])
     deadline = time.monotonic() + _REPARENT_WAIT
     while os.getppid() == middle and time.monotonic() < deadline:

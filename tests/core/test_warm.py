@@ -106,8 +106,8 @@ def test_a_killed_or_stopped_zygote_falls_back_to_a_cold_start(tmp_path: Path, s
         assert wait_for(lambda: (tmp_path / "rank1.attempt0.json").exists(), 120)
         zygote = _zygote_of(proc.pid)
         assert zygote is not None
-        # a worker runs before the zygote has answered for it: stopped in between, the
-        # launcher would start that attempt cold (beside the warm workers), not the next
+        # every answer sent: the zygote is lost before the next attempt, not between a fork
+        # and its reply (that case: test_a_zygote_lost_between_a_fork_and_its_reply...)
         assert wait_for(lambda: _idle(zygote), 30)
         os.kill(zygote, signum)
         (tmp_path / "go").touch()
@@ -286,3 +286,26 @@ def test_a_failing_warm_worker_reports_as_a_cold_one(tmp_path: Path) -> None:
     assert logs[True] == logs[False]
     text = "\n".join(logs[True])
     assert "ValueError: boom" in text and "before the error" in text and "zygote" not in text and "bootstrap" not in text
+
+
+@pytest.mark.parametrize("signum, why", [
+    (signal.SIGKILL, "it was killed by SIGKILL while forking a worker"),
+    (signal.SIGSTOP, "no answer to a fork within 10 s"),
+])
+def test_a_zygote_lost_between_a_fork_and_its_reply_runs_no_rank_twice(tmp_path: Path, signum: int, why: str) -> None:
+    """The zygote killed or stopped (test hook) once both workers are forked, after its reply for rank 0 and
+    before the one for rank 1: rank 0 runs warm, rank 1 cold, each once; rank 1's forked worker runs nothing."""
+    job = write_job(tmp_path, script="rank_once.py", args=[str(tmp_path)],
+                    env={"CLUSTERDDP_TEST_ZYGOTE_SIGNAL": str(int(signum))})
+    result = cli("run", str(job), "--run-id", "lost", timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("warm start off") == 1, result.stderr
+    assert f"clusterddp: warm start off ({why}): starting workers cold" in result.stderr, result.stderr
+    hook = re.search(r"CLUSTERDDP_TEST_ZYGOTE_SIGNAL: zygote (\d+), workers (\d+)$",
+                     (tmp_path / "logs" / "lost" / "zygote.node0.log").read_text(), re.M)
+    assert hook is not None  # the hook fired, with rank 1's forked worker set up
+    zygote, stray = int(hook[1]), int(hook[2])
+    runs = sorted(tuple(line.split()) for line in (tmp_path / "ranks.txt").read_text().splitlines())
+    assert [(rank, how) for rank, _pid, how in runs] == [("0", "warm"), ("1", "cold")], runs
+    assert str(stray) not in [pid for _rank, pid, _how in runs]
+    assert all(_gone(pid) for pid in (zygote, stray, *(int(pid) for _rank, pid, _how in runs)))
