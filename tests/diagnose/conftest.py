@@ -5,35 +5,15 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.ssh.conftest import REPO, Head, head_factory  # noqa: F401 (fixture re-exported here)
-from tests.testbed import SSHLab, lab_unavailable_reason, ssh_lab
+from tests.ssh.conftest import REPO, Head, head_factory, lab2, lab4  # noqa: F401 (fixtures re-exported here)
+from tests.testbed import SSHLab
 
 BIN = REPO / "tests" / "bin"
-
-
-def _lab(n: int) -> Iterator[SSHLab]:
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with ssh_lab(n) as lab:
-        yield lab
-
-
-@pytest.fixture
-def lab2() -> Iterator[SSHLab]:
-    """Two sshd hosts, each in its own network namespace; torn down after the test."""
-    yield from _lab(2)
-
-
-@pytest.fixture
-def lab4() -> Iterator[SSHLab]:
-    """Four sshd hosts, each in its own network namespace; torn down after the test."""
-    yield from _lab(4)
 
 
 def write_job(lab: SSHLab, script: str | Path, name: str = "t", **fields: Any) -> Path:
