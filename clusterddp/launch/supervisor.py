@@ -114,8 +114,6 @@ class LocalSupervisor:
         #: The attempt whose end was asked for (``end_attempt``), and why; kept until another
         #: is asked for, so a word that came early still ends its attempt and a late one none.
         self._end_requested: tuple[int, str] | None = None
-        #: The number of the attempt running (its workers' TORCHELASTIC_RESTART_COUNT).
-        self._attempt = options.first_attempt
         #: The last attempt's report is out already (printed before waiting for a decision).
         self._reported = False
         #: Why the current attempt was found hung (None: it was not); reset by every attempt.
@@ -288,7 +286,6 @@ class LocalSupervisor:
 
     def _run_once(self, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
         self._hang_reason = self._peer_reason = None
-        self._attempt = self.options.first_attempt + attempt
         self.group.new_attempt()
         self.hooks.new_attempt()
         self.runlog.attempt_started(self.options.first_attempt + attempt,
@@ -333,7 +330,7 @@ class LocalSupervisor:
         """Was the running attempt asked to end (``end_attempt``)? Then it ends as a failure of
         another node's, as when a ``PeerWatch`` says so."""
         asked = self._end_requested
-        if asked is not None and asked[0] == self._attempt:
+        if asked is not None and asked[0] == self.runlog.events.attempt:  # the running attempt's number
             self._peer_reason = asked[1]
         return self._peer_reason is not None
 
