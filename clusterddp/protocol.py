@@ -18,10 +18,11 @@ files in the run's log directory) is spelled here and nowhere else:
 - ``I``/``T``/``H``/``Q`` on stdin, head -> remote launcher, just before EOF: "the head got
   SIGINT/SIGTERM/SIGHUP/SIGQUIT", so every host stops as a node that got it itself:
   ``stop_request_byte`` / ``stop_requested``
-- ``E<K>\n`` and ``R<K> <P>\n`` on stdin, head -> a launcher started with ``--await-restart``:
-  "end attempt K" (tear its workers down, report, wait) and "run attempt K in place on master
-  port P" (``end_attempt_word`` / ``restart_word``; ``StdinWords`` reads them, and the bytes
-  above, from the stream)
+- ``E<K>\n`` and ``R<K> <P>[ <NODE_RANK> <W0>,<W1>,...]\n`` on stdin, head -> a launcher
+  started with ``--await-restart``: "end attempt K" (tear its workers down, report, wait) and
+  "run attempt K in place on master port P" (as node NODE_RANK of a job whose nodes run W0,
+  W1, ... workers, when its nodes changed) (``end_attempt_word`` / ``restart_word``;
+  ``StdinWords`` reads them, and the bytes above, from the stream)
 - ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
 - ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
 - SIGTERM, SIGINT, SIGHUP, SIGQUIT to a launcher or to the SSH head: stop the job in an
@@ -53,7 +54,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 #: A remote launcher's last stdout line: its exit code, host, root cause and stop reason.
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
@@ -128,52 +129,88 @@ def end_attempt_word(attempt: int) -> bytes:
     return f"{_END_ATTEMPT}{attempt}\n".encode()
 
 
-def restart_word(attempt: int, master_port: int) -> bytes:
+def restart_word(attempt: int, master_port: int, layout: tuple[int, Sequence[int]] | None = None) -> bytes:
     """``R<K> <P>\n``: the head tells a waiting launcher to run attempt K in place, its workers
-    on master port P, forked from the interpreter it kept."""
-    return f"{_RESTART}{attempt} {master_port}\n".encode()
+    on master port P, forked from the interpreter it kept. ``layout``: the job's nodes changed
+    (an elastic job lost a host): this launcher's new node rank and every node's workers, in
+    node-rank order, as ``R<K> <P> <NODE_RANK> <W0>,<W1>,...``."""
+    if layout is None:
+        return f"{_RESTART}{attempt} {master_port}\n".encode()
+    node_rank, workers = layout
+    return f"{_RESTART}{attempt} {master_port} {node_rank} {','.join(str(w) for w in workers)}\n".encode()
+
+
+class RestartWord(NamedTuple):
+    """What a restart word says: the attempt, its master port, and the node's new place when
+    the job's nodes changed (None / empty: the same place). A NamedTuple, not a dataclass:
+    the workers' bootstrap loads this file without registering it as a module."""
+
+    attempt: int
+    master_port: int
+    node_rank: int | None = None
+    #: Every node's workers in node-rank order (the node count is its length).
+    node_workers: tuple[int, ...] = ()
 
 
 _END_ATTEMPT = "E"
 _RESTART = "R"
+#: The longest word read (a restart word lists every node's workers: 100,000 nodes fit).
+MAX_WORD = 1 << 20
 
 
-def _read_word(word: bytes) -> tuple[str, int, int | None] | None:
-    """``E<K>`` or ``R<K> <P>`` (without the newline) as ("end", K, None) / ("restart", K, P)."""
-    kind, numbers = word[:1], word[1:].split(b" ")
+def _read_word(word: bytes) -> tuple[str, int, RestartWord | None] | None:
+    """``E<K>``, ``R<K> <P>`` or ``R<K> <P> <NODE_RANK> <W0,W1,...>`` (without the newline) as
+    ("end", K, None) / ("restart", K, RestartWord); None for anything else."""
+    kind, parts = word[:1], word[1:].split(b" ")
+    numbers = parts[:3]
     if not all(n.isdigit() and len(n) <= 9 for n in numbers):
         return None
-    if kind == _END_ATTEMPT.encode() and len(numbers) == 1:
+    if kind == _END_ATTEMPT.encode() and len(parts) == 1:
         return "end", int(numbers[0]), None
-    if kind == _RESTART.encode() and len(numbers) == 2 and 0 < int(numbers[1]) < 65536:
-        return "restart", int(numbers[0]), int(numbers[1])
-    return None
+    if kind != _RESTART.encode() or len(parts) not in (2, 4) or not 0 < int(numbers[1]) < 65536:
+        return None
+    attempt, port = int(numbers[0]), int(numbers[1])
+    if len(parts) == 2:
+        return "restart", attempt, RestartWord(attempt, port)
+    workers = parts[3].split(b",")
+    if not all(w.isdigit() and len(w) <= 9 and int(w) > 0 for w in workers) or int(numbers[2]) >= len(workers):
+        return None
+    return "restart", attempt, RestartWord(attempt, port, int(numbers[2]), tuple(int(w) for w in workers))
 
 
 class StdinWords:
     """Reads a remote launcher's stdin stream, chunk by chunk, into what the head said: the
     single bytes (heartbeat newline, stacks request, stop byte) act at once; a word (a letter,
     numbers, a newline) may be split across chunks and acts once whole. A word that does not
-    parse is dropped: a head of another version must not stop a launcher by accident."""
+    parse, or is longer than ``MAX_WORD``, is dropped: a head of another version must not stop
+    a launcher by accident."""
 
     def __init__(self) -> None:
-        self._word: bytes | None = None
+        self._word: bytearray | None = None
 
-    def feed(self, chunk: bytes) -> list[tuple[str, int, int | None]]:
+    def feed(self, chunk: bytes) -> list[tuple[str, int, RestartWord | None]]:
         """What ``chunk`` says, in order: ``("stop", signum, None)``, ``("stacks", 0, None)``,
-        ``("end", K, None)``, ``("restart", K, P)``; heartbeats say nothing."""
-        said: list[tuple[str, int, int | None]] = []
-        for value in chunk:
-            byte = bytes((value,))
+        ``("end", K, None)``, ``("restart", K, RestartWord)``; heartbeats say nothing."""
+        said: list[tuple[str, int, RestartWord | None]] = []
+        at = 0
+        while at < len(chunk):
             if self._word is not None:
-                if byte != b"\n":
-                    self._word = self._word + byte if len(self._word) < 32 else self._word
-                    continue
-                word, self._word = _read_word(self._word), None
+                end = chunk.find(b"\n", at)
+                piece = chunk[at:] if end < 0 else chunk[at:end]
+                if len(self._word) <= MAX_WORD:
+                    self._word += piece[:MAX_WORD + 1 - len(self._word)]
+                if end < 0:
+                    break
+                at = end + 1
+                word = _read_word(bytes(self._word)) if len(self._word) <= MAX_WORD else None
+                self._word = None
                 if word is not None:
                     said.append(word)
-            elif byte in (b"E", b"R"):
-                self._word = byte
+                continue
+            byte = chunk[at:at + 1]
+            at += 1
+            if byte in (b"E", b"R"):
+                self._word = bytearray(byte)
             elif byte == STACKS_REQUEST_BYTE:
                 said.append(("stacks", 0, None))
             elif byte != b"\n":

@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 from clusterddp.launch.report import WorkerExit
 from clusterddp.launch.verdict import Failure
 from clusterddp.launch.workers import WorkerPlan
+from clusterddp.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,16 @@ class AttemptEnded:
 
 @dataclass(frozen=True)
 class Restart:
-    """The decision to run attempt ``attempt`` in place, on the same nodes."""
+    """The decision to run attempt ``attempt`` in place: on the same nodes, or (``node_rank``
+    given) on what is left of them after an elastic job lost some."""
 
     attempt: int
     #: The next attempt's master port (each attempt may get its own); None: the same.
     master_port: int | None = None
+    #: This node's rank in the next attempt, when the job's nodes changed; None: the same.
+    node_rank: int | None = None
+    #: Then every node's workers, in node-rank order (the node count is its length).
+    node_workers: tuple[int, ...] = ()
 
 
 class Coordinator(Protocol):
@@ -72,3 +78,21 @@ def replanned(plans: Sequence[WorkerPlan], master_port: int | None) -> list[Work
         return list(plans)
     return [replace(plan, env=replace(plan.env, topology=replace(plan.env.topology, master_port=master_port)))
             for plan in plans]
+
+
+def relaid(topology: Topology, told: Restart) -> Topology:
+    """This node's topology for a restart that moved it (``told.node_rank``): its node rank,
+    the node count and every node's workers from the decision; its own workers stay (the
+    decider counted them), so a decision that says otherwise is refused rather than obeyed.
+    The nodes' names are dropped: the decider did not say which went."""
+    workers = told.node_workers
+    if told.node_rank is None or not 0 <= told.node_rank < len(workers):
+        raise ValueError(f"no place for this node in {told}")
+    if workers[told.node_rank] != topology.workers_on(topology.node_rank):
+        raise ValueError(f"node {told.node_rank} is told to run {workers[told.node_rank]} workers; "
+                         f"it runs {topology.workers_on(topology.node_rank)}")
+    uneven = len(set(workers)) > 1
+    return replace(topology, nnodes=len(workers), node_rank=told.node_rank,
+                   nproc_per_node=topology.workers_on(topology.node_rank),
+                   node_workers=workers if uneven else (), hosts=(), restart_count=told.attempt,
+                   master_port=topology.master_port if told.master_port is None else told.master_port)

@@ -100,7 +100,7 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
     record = LaunchRecord(options.record_dir, topology.node_rank)
     record.started()
     try:
-        code = _run_placed(job, options, topology, plans, overrides.master_port, patience, cwd)
+        code = _run_placed(job, options, topology, plans, overrides.master_port, patience, cwd, env)
     except BaseException as exc:
         record.ended(exit_code_of(exc))
         raise
@@ -109,7 +109,7 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
 
 
 def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: list[WorkerPlan],
-                master_port: int | None, patience: float, cwd: str) -> int:
+                master_port: int | None, patience: float, cwd: str, env: Mapping[str, str]) -> int:
     """Everything after this node knows its place: check, wait for the master, lock the logs,
     supervise the workers; the launcher's exit code."""
     planning.check_runnable(job, plans)
@@ -130,6 +130,7 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
         from clusterddp.launch.supervisor import LocalSupervisor
 
         supervisor = LocalSupervisor(topology, plans, supervision)
+        supervisor.relayout = lambda moved: _moved_plans(job, options, moved, env, cwd, run_dir, locks)
         step = step_coordinator(job, topology, options, supervisor)
         if step is not None:  # else the SSH head's word, if any (--await-restart: StdinWatch)
             supervisor.coordinator = step
@@ -137,6 +138,19 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
     finally:
         warm.drop_prestarted()
         locks.release()
+
+
+def _moved_plans(job: JobSpec, options: RunOptions, moved: Topology, env: Mapping[str, str], cwd: str,
+                 run_dir: str, locks: runlock.RankLocks) -> list[WorkerPlan]:
+    """This node's workers at its new place (a restart in place that renumbered the nodes:
+    the SSH head, after an elastic job lost a host): planned as at the start, their logs
+    locked anew (the old ranks let go first: a peer may take them over, as this node may take
+    a lost node's, waiting for its launcher as a restart does) and kept (appended to)."""
+    plans = planning.worker_plans(job, moved, env, cwd)
+    locks.release()
+    locks.fds = lock_logs(job, moved, options, run_dir, [plan.rank for plan in plans]).fds
+    planning.prepare_logs(plans, keep=True)
+    return plans
 
 
 def _prestart_zygote(first: WorkerPlan, topology: Topology, preload: tuple[str, ...]) -> None:

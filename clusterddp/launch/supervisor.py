@@ -16,10 +16,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from clusterddp.events import EventLog
-from clusterddp.launch.coordinate import AttemptEnded, Coordinator, PeerWatch, replanned
+from clusterddp.launch.coordinate import AttemptEnded, Coordinator, PeerWatch, relaid, replanned
 from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
 from clusterddp.launch.logs import ConsoleSink
 from clusterddp.launch.peers import shared_run_dir
@@ -86,6 +86,9 @@ class LocalSupervisor:
         #: with a failed attempt unless its own ``restarts`` restart it.
         self.coordinator = coordinator
         self.plans = plans
+        #: This node's workers for another place in the job (a restart in place after an
+        #: elastic job lost a node: new ranks, world size, logs): set by whoever planned them.
+        self.relayout: Callable[[Topology], list[WorkerPlan]] | None = None
         self.options = options
         self.console = ConsoleSink(prefix=options.prefix, ranks=options.console_ranks, merge=options.merge)
         self.console.merging([plan.rank for plan in plans])
@@ -253,8 +256,18 @@ class LocalSupervisor:
         if told.attempt != attempt + 1:
             raise RuntimeError(f"told to run attempt {told.attempt} after attempt {attempt}")
         self._reported = False
-        self.plans = replanned(self.plans, told.master_port)
-        self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port)
+        if told.node_rank is None:
+            self.plans = replanned(self.plans, told.master_port)
+            self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port)
+            return True
+        if self.relayout is None:
+            raise RuntimeError(f"told to run attempt {told.attempt} as node {told.node_rank}: nothing here re-plans")
+        self.topology = relaid(self.topology, told)
+        self.plans = self.relayout(self.topology)
+        self._write_launcher_file()
+        self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port,
+                         node_rank=told.node_rank, nnodes=self.topology.nnodes,
+                         ranks=[plan.rank for plan in self.plans], world_size=self.topology.world_size)
         return True
 
     def _attempt_ended(self, code: int, cause: str | None, failure: Failure | None, root: WorkerExit | None,

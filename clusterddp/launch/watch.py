@@ -56,15 +56,16 @@ class StdinWatch:
                 self._stop("the SSH session to the head closed (stdin EOF)", None)
                 return
             self._last_heartbeat = time.monotonic()
-            for kind, number, port in words.feed(chunk):
+            for kind, number, word in words.feed(chunk):
                 if kind == "stop":
                     self._stop(f"the head received {signal.Signals(number).name}", number)
                 elif kind == "stacks":
                     self._stacks()
                 elif kind == "end" and self._end_attempt is not None:
                     self._end_attempt(number, "the head ended the attempt (a failure elsewhere)")
-                elif kind == "restart":
-                    self._restarts.put(Restart(attempt=number, master_port=port))
+                elif kind == "restart" and word is not None:
+                    self._restarts.put(Restart(attempt=number, master_port=word.master_port,
+                                               node_rank=word.node_rank, node_workers=word.node_workers))
 
     def check(self) -> None:
         """Ask to stop when the head has been silent longer than the heartbeat timeout."""

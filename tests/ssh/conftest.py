@@ -36,6 +36,12 @@ def lab2() -> Iterator[SSHLab]:
 
 
 @pytest.fixture
+def lab3() -> Iterator[SSHLab]:
+    """Three sshd hosts, each in its own network namespace; torn down after the test."""
+    yield from _lab(3)
+
+
+@pytest.fixture
 def lab4() -> Iterator[SSHLab]:
     """Four sshd hosts, each in its own network namespace; torn down after the test."""
     yield from _lab(4)

@@ -101,6 +101,58 @@ def test_a_killed_rank_restarts_in_place_on_the_same_launchers(lab2: SSHLab, hea
     assert lab2.wait_clean(5)[0]
 
 
+def test_a_lost_host_restarts_in_place_on_the_hosts_left(lab3: SSHLab, head_factory: Callable[..., Head],
+                                                          tmp_path: Path) -> None:
+    """nodes 2:3 on 3 listed hosts: cdssh3 dies at step 5 (link cut, every process in it killed).
+    No other host could join, so attempt 1 runs in place on cdssh1 and cdssh2: the same launchers
+    (the workers' parent) and zygotes, world size 2, the ranks of nodes 0 and 1; the job completes
+    and nothing is left running on the live hosts."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job = _job(lab3, BIN / "inplace_steps.py", [str(out), "mark-last"], restarts=1)
+    data = yaml.safe_load(job.read_text())
+    data["nodes"] = "2:3"
+    job.write_text(yaml.safe_dump(data))
+    head = head_factory(str(job), "--hostfile", str(lab3.hostfile), "--run-id", "shrink")
+    deadline = time.monotonic() + 90
+    while not (out / "mark").exists():
+        assert head.proc.poll() is None and time.monotonic() < deadline, head.output()
+        time.sleep(0.02)
+    dead = lab3.host("cdssh3")
+    lab3.cut(dead)
+    for pid in lab3.processes(dead, include_sshd=True):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    died = time.monotonic()
+    code = head.finish(120)
+    stderr = "\n".join(head.stderr)
+    assert code == 0, head.output()
+    assert re.search(r"attempt 1 failed \(cdssh3: connection lost", stderr), stderr
+    assert ("restart 1: 2 host(s) cdssh1,cdssh2 (world size 2); not used: cdssh3: connection lost in attempt 1; "
+            "in place (the same launchers, numbered again)") in stderr, stderr
+    records = _records(out)
+    assert {(0, 1), (1, 1)} <= set(records) and (2, 1) not in records, records
+    for rank in (0, 1):
+        before, after = records[rank, 0], records[rank, 1]
+        assert before["ppid"] == after["ppid"], (before, after)  # the same launcher
+        assert any(part.endswith("zygote.py") for part in after["cmdline"]), after
+        assert (after["world"], after["group_rank"], after["restart"]) == ("2", str(rank), "1"), after
+    assert before["world"] == "3"
+    run_dir = tmp_path / "logs" / "shrink"
+    for node in (0, 1):
+        restart = [e for e in _events(run_dir / f"events.node{node}.jsonl") if e["kind"] == "restart"]
+        assert len(restart) == 1 and restart[0]["in_place"] is True, restart
+        assert (restart[0]["node_rank"], restart[0]["world_size"]) == (node, 2), restart
+    live = [h for h in lab3.hosts if h.name != "cdssh3"]
+    deadline = time.monotonic() + 10
+    while any(lab3.processes(h) for h in live) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(lab3.processes(h) for h in live), {h.name: lab3.processes(h) for h in live}
+    print(f"lost host: death -> job done {time.monotonic() - died:.1f}s")
+
+
 def test_a_lost_launcher_falls_back_to_a_new_launch(lab2: SSHLab, head_factory: Callable[..., Head],
                                                     tmp_path: Path) -> None:
     """cdssh2's launcher is SIGKILLed in attempt 0: cdssh1's waits, but the next attempt cannot run in

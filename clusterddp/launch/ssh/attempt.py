@@ -111,6 +111,9 @@ class Start:
     master_port: int
     #: Candidates not chosen, and why (said again when the attempt is restarted in place).
     left_out: list[tuple[str, str]] = field(default_factory=list)
+    #: Restarted in place on fewer hosts than the last attempt: each launcher is told its new
+    #: node rank and every node's workers (``protocol.restart_word``'s layout).
+    renumbered: bool = False
 
 
 def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:

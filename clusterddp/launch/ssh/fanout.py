@@ -158,7 +158,7 @@ class _Attempts:
         """One attempt and the wait after it; raises ``_JobEnds`` when the job ends."""
         launch, stop, number = self.launch, self.stop, len(self.attempts)
         held = list(self.kept[0].sessions) if self.kept else []  # closed unless kept again
-        keep = False
+        kept: list[RemoteLauncher] | None = None
         try:
             start, in_place = self._start(number)
             held = list(start.sessions)
@@ -170,20 +170,20 @@ class _Attempts:
             outcome = self._run(start, number, in_place)
             backoff = _restart_backoff(launch, self.attempts, outcome, stop, self.log)
             waiting = [lau for lau in outcome.launchers if isinstance(lau, RemoteLauncher)]
-            keep = backoff is not None and stop.signum is None and inplace.keepable(launch, waiting)
-            released = [] if keep else _release(launch, start, stop.signum, self.gatherer, waiting)
+            kept = inplace.keepable(launch, waiting) if backoff is not None and stop.signum is None else None
+            released = [] if kept else _release(launch, start, stop.signum, self.gatherer, waiting)
         finally:
-            if not keep:
-                for session in held:
+            for session in held:
+                if not kept or all(session is not lau.session for lau in kept):
                     session.close()
-        self.kept = (start, waiting) if keep else None
+        self.kept = (_kept_start(start, kept), kept) if kept else None
         if backoff is None:
             raise _JobEnds(_finish(self.attempts, launch.console))
         self.dead = _lost([*outcome.launchers, *released], launch.job.elastic, number + 1)
         launch.console.say(restart_line(self.attempts[-1], launch.job.restarts, backoff, self.dead))
         # The backoff counts from the failure: stopping the other hosts was part of it.
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
-        if inplace.keep_alive(waiting if keep else [], backoff - stopping, lambda: stop.signum is not None,
+        if inplace.keep_alive(kept or [], backoff - stopping, lambda: stop.signum is not None,
                               launch.options.heartbeat_interval):
             self._stopped_before_restart()
 
@@ -200,7 +200,7 @@ class _Attempts:
                     session.close()
             self.dead, kept = _lost(ended, launch.job.elastic, number), None
         if kept is not None:
-            return inplace.in_place_start(launch, kept[0], number), True
+            return inplace.in_place_start(launch, kept[0], number, self.dead), True
         try:
             start = prepare(launch, number, self.dead)
         except PreflightError as exc:
@@ -248,6 +248,13 @@ class _Attempts:
                     session.close()
         _finish(self.attempts, self.launch.console)
         raise _JobEnds(128 + signum)  # a stop is the job's end, as on one node (supervisor.py)
+
+
+def _kept_start(start: Start, kept: Sequence[RemoteLauncher]) -> Start:
+    """The last attempt's start reduced to the launchers kept for the next one; ``renumbered``
+    when that is fewer hosts (the restart word then says each one's new place)."""
+    return replace(start, sessions=[lau.session for lau in kept], plans=[lau.plan for lau in kept],
+                   renumbered=len(kept) < len(start.sessions))
 
 
 def _lost(launchers: Sequence[HostState], elastic: bool, attempt: int) -> dict[str, str]:
@@ -325,7 +332,7 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gathe
     launchers = _launchers(launch, start, number, log_dir)
     try:
         if in_place:
-            restart_hosts(launchers, number, start.master_port)
+            restart_hosts(launchers, number, start.master_port, start.renumbered)
         else:
             start_hosts(launchers)
         gatherer.look(launchers)

@@ -80,11 +80,14 @@ class Gatherer:
         name = launcher.name
         if name not in self.shared:
             return name  # its connection went before the head could tell
-        data = self._cat(launcher, os.path.join(self.remote_run_dir, events_file(launcher.node_rank)))
+        # a launcher numbered again by a restart in place keeps its first log
+        first = launcher.session.launched_as
+        node_rank = launcher.node_rank if first is None else first
+        data = self._cat(launcher, os.path.join(self.remote_run_dir, events_file(node_rank)))
         if data is None:
             return name
         try:
-            write_atomically(self.local_run_dir / copy_name(launcher.node_rank, name), data, durable=False)
+            write_atomically(self.local_run_dir / copy_name(node_rank, name), data, durable=False)
         except WriteError:
             return name
         return None

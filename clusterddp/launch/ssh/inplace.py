@@ -7,9 +7,11 @@ marked waiting) and waits with its zygote, the interpreter that has imported tor
 verdict says restart and every host of the attempt waits (none lost, its session alive) on
 as many hosts as the job may have, the head keeps the sessions: no probe, no new connection,
 no new launcher; it sends each the restart word with the next attempt's number and master
-port, and each forks its workers at once. Otherwise (a host lost or its launcher gone, fewer
-hosts than the job may use, a stop) the waiting launchers are released (EOF: they end) and the
-next attempt starts as before, probed and launched anew.
+port, and each forks its workers at once. An elastic job that lost hosts (their link) and
+has no other host to take runs on those left the same way, each told its new node rank and
+every node's workers in the word. Otherwise (a launcher gone on a live host, a spare that a
+probe could take, a stop) the waiting launchers are released (EOF: they end) and the next
+attempt starts as before, probed and launched anew.
 
 Pure rules over what the relay left in each ``RemoteLauncher``; the head's loop is ``fanout``'s.
 """
@@ -24,13 +26,27 @@ from clusterddp.launch.ssh.attempt import Launch, Start, master_port, plan_launc
 from clusterddp.launch.ssh.io import RemoteLauncher
 
 
-def keepable(launch: Launch, launchers: Sequence[RemoteLauncher]) -> bool:
-    """Can the next attempt run in place on these launchers? Every one waits for the head's
-    word with its session alive, and no other host could join: a fixed node count, or an
-    elastic job already at its most hosts (else the probe may find a spare worth taking)."""
-    if not launchers or not all(io.waiting(lau) and io.alive(lau) for lau in launchers):
-        return False
-    return not launch.job.elastic or len(launchers) >= launch.high
+def keepable(launch: Launch, launchers: Sequence[RemoteLauncher]) -> list[RemoteLauncher] | None:
+    """The launchers the next attempt can run on in place, or None (probe and launch anew).
+
+    Every one of them, when all wait for the head's word with their session alive and no
+    other host could join: a fixed node count, or an elastic job already at its most hosts
+    (else the probe may find a spare worth taking). Those left, when some hosts were lost
+    (their link) and the job is elastic: if they are at least MIN, the attempt ran on every
+    listed host (no spare, and none left out that a probe might find back) and node 0 is
+    among them (the master stays: the hosts' routes to it were probed). A launcher that
+    ended on its own, on a host whose link is fine, is launched anew with the others."""
+    if not launchers:
+        return None
+    left = [lau for lau in launchers if io.waiting(lau) and io.alive(lau)]
+    if len(left) == len(launchers):
+        return left if not launch.job.elastic or len(left) >= launch.high else None
+    gone = [lau for lau in launchers if lau not in left]
+    if not launch.job.elastic or not left or any(not lau.lost for lau in gone):
+        return None
+    if len(left) < launch.low or len(launchers) < len(launch.hosts):
+        return None
+    return left if launch.master_addr is not None or left[0] is launchers[0] else None
 
 
 def still_waiting(launchers: Sequence[RemoteLauncher]) -> bool:
@@ -39,15 +55,23 @@ def still_waiting(launchers: Sequence[RemoteLauncher]) -> bool:
     return all(io.alive(lau) for lau in launchers)
 
 
-def in_place_start(launch: Launch, kept: Start, number: int) -> Start:
-    """Attempt ``number`` on the kept hosts: the same node ranks, its own master port (derived
-    per attempt as before, so nothing of the last attempt is in the way), no probe."""
+def in_place_start(launch: Launch, kept: Start, number: int, lost: dict[str, str]) -> Start:
+    """Attempt ``number`` on the kept launchers (``fanout``'s kept start): its own master port (derived per attempt as
+    before, so nothing of the last attempt is in the way), no probe. When hosts were lost
+    (``lost``), the others are numbered again in their order (node 0 stays node 0) and each
+    is told its new place with the restart word: world size, ranks and logs follow."""
+    sessions, renumbered = kept.sessions, kept.renumbered
+    for node_rank, session in enumerate(sessions):
+        if session.launched_as is None:
+            session.launched_as = session.node_rank
+        session.node_rank = node_rank
     port = master_port(launch, number)
-    plans = plan_launchers(launch, kept.sessions, kept.master_addr, port, number)
+    plans = plan_launchers(launch, sessions, kept.master_addr, port, number)
     world = sum(p.nproc for p in plans)
-    launch.console.say(start_line(number, [p.host for p in plans], world, kept.left_out)
-                       + "; in place (the same launchers)")
-    return Start(kept.sessions, plans, kept.master_addr, port, kept.left_out)
+    left_out = [*kept.left_out, *lost.items()]
+    launch.console.say(start_line(number, [p.host for p in plans], world, left_out)
+                       + "; in place (the same launchers" + (", numbered again)" if renumbered else ")"))
+    return Start(sessions, plans, kept.master_addr, port, left_out, renumbered=renumbered)
 
 
 def keep_alive(launchers: Sequence[RemoteLauncher], seconds: float, stopped: Callable[[], bool],

@@ -120,11 +120,14 @@ def start_hosts(launchers: Sequence[RemoteLauncher]) -> None:
         launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
 
 
-def restart_hosts(launchers: Sequence[RemoteLauncher], attempt: int, master_port: int) -> None:
+def restart_hosts(launchers: Sequence[RemoteLauncher], attempt: int, master_port: int, renumbered: bool) -> None:
     """The restart word to every host's waiting launcher, back to back: each runs ``attempt``
-    in place on ``master_port``, its workers forked from the interpreter it kept."""
+    in place on ``master_port``, its workers forked from the interpreter it kept; when the
+    hosts were ``renumbered``, each as its plan's node rank of the hosts' plans."""
+    workers = [launcher.plan.nproc for launcher in launchers]
     for launcher in launchers:
-        launcher.channel.sendall(restart_word(attempt, master_port))
+        layout = (launcher.plan.node_rank, workers) if renumbered else None
+        launcher.channel.sendall(restart_word(attempt, master_port, layout))
 
 
 def drain(launcher: RemoteLauncher, on_line: LineHandler) -> None:

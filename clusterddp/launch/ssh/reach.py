@@ -270,6 +270,9 @@ class HostSession:
     #: Output that arrived before the probe line (a chatty .bashrc); shown when things fail.
     noise: bytes = b""
     seconds: float = 0.0
+    #: The node rank its launcher started with, once a restart in place numbered the hosts
+    #: again (None: never): that launcher's event log keeps its first name for its life.
+    launched_as: int | None = None
 
     @property
     def label(self) -> str:
