@@ -255,14 +255,20 @@ class LocalSupervisor:
             return False
         if told.attempt != attempt + 1:
             raise RuntimeError(f"told to run attempt {told.attempt} after attempt {attempt}")
-        self._reported = False
         if told.node_rank is None:
+            self._reported = False
             self.plans = replanned(self.plans, told.master_port)
             self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port)
             return True
-        if self.relayout is None:
-            raise RuntimeError(f"told to run attempt {told.attempt} as node {told.node_rank}: nothing here re-plans")
-        self.topology = relaid(self.topology, told)
+        try:
+            if self.relayout is None:
+                raise ValueError("nothing here plans its workers anew")
+            moved = relaid(self.topology, told)
+        except ValueError as exc:  # a decider of another mind: this launcher ends with the attempt
+            self.console.say(f"clusterddp: not running attempt {told.attempt} as node {told.node_rank}: {exc}")
+            return False
+        self._reported = False
+        self.topology = moved
         self.plans = self.relayout(self.topology)
         self._write_launcher_file()
         self.runlog.emit("restart", backoff_s=0.0, in_place=True, master_port=told.master_port,

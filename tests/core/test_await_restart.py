@@ -153,6 +153,20 @@ def test_a_restart_word_with_a_new_place_moves_the_launcher(job_dir: Path) -> No
     assert (moved[0]["node_rank"], moved[0]["ranks"], moved[0]["world_size"]) == (0, [0], 1), moved
 
 
+def test_a_place_that_does_not_fit_ends_the_launcher_with_one_line(job_dir: Path) -> None:
+    """A restart word that gives this node more workers than it runs (a head of another mind): the
+    launcher does not guess; one line, no traceback, it ends with the failed attempt's exit."""
+    job = write_job(job_dir, script="record_attempts.py", args=[str(job_dir), "1"], nproc_per_node=1)
+    launcher = _Launcher(job, 29761)
+    assert wait_for(lambda: launcher.results, timeout=60), launcher.proc.poll()
+    launcher.say(restart_word(1, 29763, (0, [2, 1])))
+    assert launcher.proc.wait(timeout=30) == 3
+    assert launcher.end() == 3
+    assert b"not running attempt 1 as node 0: node 0 is told to run 2 workers; it runs 1" in launcher.stderr
+    assert b"Traceback" not in launcher.stderr, launcher.stderr
+    assert not (job_dir / "rank0.attempt1.json").exists()
+
+
 def test_the_end_word_ends_the_attempt_not_the_launcher(job_dir: Path) -> None:
     """The end word for the running attempt: its workers are stopped, it is reported as ended by the
     head (no failure of its own) and the launcher waits; a word for another attempt is ignored;
