@@ -196,7 +196,10 @@ def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None) -> Iter
         try:
             yield _bring_up(n_hosts, root, sshd_pids)
         finally:
-            namespaces.terminate(sshd_pids)
+            # Only the ones still in a host: a test or benchmark that killed a host's sshd left
+            # its PID free for any process on the machine (and a restarted sshd is a leftover).
+            in_hosts = set(namespaces.pids_in_namespaces([n for n in namespaces.netns_names() if n.startswith(PREFIX)]))
+            namespaces.terminate([pid for pid in sshd_pids if pid in in_hosts])
 
 
 def remove_leftovers() -> None:
