@@ -33,9 +33,10 @@ completed step of attempt 1, on the 2 live hosts. Two workers, a row each: "no S
 handled" (a handler that only sets a flag, as clusterddp.train's; blocked in gloo it never
 runs, so the launcher SIGKILLs the worker after grace_period: that row shows what grace_period
 costs). Each run has its own run id, must leave nothing running on any host (a leftover
-fails it), and the dead host is brought back (link up, sshd restarted) for the next one:
+fails it), and the dead host is brought back (link up, sshd restarted) for the next one;
+``--before`` and ``--rounds`` as above:
 
-    flock /tmp/cddp-testbed.lock .venv/bin/python benchmarks/restart_latency.py --ssh-dead-host [--grace-period 2] [--before /work/main]
+    flock /tmp/cddp-testbed.lock .venv/bin/python benchmarks/restart_latency.py --ssh-dead-host [--grace-period 2]
 
 Target (issue 25): clusterddp's median <= 1.5 s on a 2-core machine, on one node, over SSH and
 under SLURM; a dead host over SSH (link cut) <= grace_period + 2 s.
