@@ -22,8 +22,24 @@ slurmctld/slurmd in network namespaces; hold /tmp/cddp-testbed.lock): 2 nodes x 
 `restarts: 1`, default settings, submitted with `clusterddp submit slurm`; the kill to the
 next attempt's first step, this checkout and ``--before``'s, interleaved round by round.
 
+``--ssh-dead-host``: a dead host over SSH, on a 3-host bed of tests/ssh (root; hold the lock):
+job ``nodes: "2:3"``, 1 gloo worker per host, `restarts: 1`, the job's defaults otherwise
+(``--grace-period S`` sets grace_period; the tests use 2). At step 20 of attempt 0 the rank on
+the last host writes OUT/dying and goes on; the benchmark then cuts that host's link and
+SIGKILLs every process in it, sshd included (tests/ssh/test_fault_tolerance.py's dead host):
+the fault is the time.time() right after the cut. Measured: from the fault to rank 0's first
+completed step of attempt 1, on the 2 live hosts. Two workers, a row each: "no SIGTERM handler"
+(a survivor blocked in all_reduce with its dead peer dies at its launcher's SIGTERM) and "SIGTERM
+handled" (a handler that only sets a flag, as clusterddp.train's; blocked in gloo it never
+runs, so the launcher SIGKILLs the worker after grace_period: that row shows what grace_period
+costs). Each run has its own run id, must leave nothing running on any host (a leftover
+fails it), and the dead host is brought back (link up, sshd restarted) for the next one;
+``--before`` and ``--rounds`` as above:
+
+    flock /tmp/cddp-testbed.lock .venv/bin/python benchmarks/restart_latency.py --ssh-dead-host [--grace-period 2]
+
 Target (issue 25): clusterddp's median <= 1.5 s on a 2-core machine, on one node, over SSH and
-under SLURM.
+under SLURM; a dead host over SSH (link cut) <= grace_period + 2 s.
 """
 
 from __future__ import annotations
@@ -37,7 +53,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from tests.testbed import LabHost, SSHLab
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "kill_at_step.py"
@@ -109,6 +128,113 @@ def ssh_methods(lab_root: str, ssh_config: str, hostfile: str, out: str, round_:
     return found
 
 
+#: The dead-host rows: the worker's flags (benchmarks/kill_at_step.py) per variant.
+DEAD_HOST_VARIANTS = {"no SIGTERM handler": (), "SIGTERM handled": ("--sigterm-flag",)}
+
+
+def dead_host_main(rounds: int, grace_period: float | None, before: str | None
+                   ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+    """``rounds`` x (each variant x each checkout) dead-host runs on a 3-host bed, interleaved."""
+    sys.path.insert(0, str(HERE.parent))
+    from tests.testbed import ssh_lab
+
+    results: dict[str, list[float]] = {}
+    failures: dict[str, list[str]] = {}
+    checkouts = {"": None, **({" before": before} if before else {})}
+    with ssh_lab(3) as lab:
+        for r in range(rounds):
+            for suffix, checkout in checkouts.items():
+                for variant, flags in DEAD_HOST_VARIANTS.items():
+                    run_id = f"dead-{'before' if checkout else 'after'}-{'flag' if flags else 'plain'}-{r}"
+                    value = dead_host_latency(lab, run_id, flags, grace_period, checkout)
+                    print(f"{run_id}: {value if isinstance(value, str) else f'{value:.2f} s'}", file=sys.stderr)
+                    if isinstance(value, str):
+                        failures.setdefault(variant + suffix, []).append(f"{run_id}: {value}")
+                    else:
+                        results.setdefault(variant + suffix, []).append(value)
+    return results, failures
+
+
+def dead_host_latency(lab: SSHLab, run_id: str, flags: Sequence[str], grace_period: float | None,
+                      checkout: str | None) -> float | str:
+    """One run: 3 hosts, ``nodes: "2:3"``; at step 20 the last host dies (its link cut, every
+    process in it SIGKILLed, sshd included). Seconds from that moment to the first completed step
+    of the next attempt (on the 2 live hosts), or why the run failed. Anything of the job left on
+    a host afterwards fails the run (and is ended). The dead host is brought back either way."""
+    from tests.testbed import namespaces
+
+    directory = os.path.join(lab.root, run_id)
+    out = os.path.join(directory, "out")
+    os.makedirs(out)
+    job = os.path.join(directory, "job.yaml")
+    with open(job, "w") as f:
+        f.write(f"name: restart-latency-dead-host\nscript: {WORKER}\nargs: {[out, '20', '--dying', *flags]!r}\n"
+                f"nodes: '2:3'\nnproc_per_node: 1\nrestarts: 1\npython: {sys.executable}\n"
+                f"logs: {{dir: '{directory}/logs'}}\nssh: {{config_file: '{lab.ssh_config}'}}\n"
+                + (f"grace_period: {grace_period}\n" if grace_period is not None else ""))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("CLUSTERDDP_HOSTFILE", None)
+    if checkout:
+        env["PYTHONPATH"] = checkout
+    dead = lab.hosts[-1]
+    with open(os.path.join(directory, "head.err"), "wb") as stderr:
+        head = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", job, "--hostfile", str(lab.hostfile),
+                                 "--run-id", run_id], env=env, cwd=checkout or os.getcwd(),
+                                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    try:
+        value = _dead_host_run(lab, dead, out, head, directory)
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        clean, _, left = lab.wait_clean(15)
+        if not clean:
+            namespaces.terminate([pid for pids in left.values() for pid in pids])
+        lab.restore(dead)
+        lab.restart_sshd(dead)
+    return value if clean else f"left running after the run: {left}"
+
+
+def _dead_host_run(lab: SSHLab, host: LabHost, out: str, head: subprocess.Popen[bytes],
+                   directory: str) -> float | str:
+    """Wait for the worker's ``dying`` stamp; kill ``host``: its link cut (the fault: time.time()
+    right after), then SIGKILL every process in it, sshd included, until none is left; wait for
+    the head; the seconds from the fault to OUT/resumed, or why the run failed."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, "dying")):
+        if head.poll() is not None:
+            return f"the head exited ({head.returncode}) before step 20"
+        if time.monotonic() > deadline:
+            return "no rank reached step 20 in 120 s"
+        time.sleep(0.01)
+    with open(os.path.join(out, "dying")) as f:
+        where = f.read().split()[1]
+    if where != host.name:
+        return f"the last rank ran on {where}, not on {host.name}"
+    lab.cut(host)
+    fault = time.time()
+    deadline = time.monotonic() + 10
+    while (pids := lab.processes(host, include_sshd=True)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    try:
+        code = head.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        return "timed out after 300 s"
+    if code != 0:
+        with open(os.path.join(directory, "head.err"), errors="replace") as f:
+            errors = [line for line in f.read().splitlines() if "rror" in line or "failed" in line]
+        return f"exit {code}: {(errors or ['?'])[-1][:160]} (see {directory}/head.err)"
+    if not os.path.exists(os.path.join(out, "resumed")):
+        return "exit 0 without a resumed step"
+    with open(os.path.join(out, "resumed")) as f:
+        return float(f.read()) - fault
+
+
 def slurm_latency(cluster: object, directory: str, name: str, checkout: str | None) -> float | str:
     """One job on the SLURM bed: seconds from the kill to the next attempt's first step, or why not."""
     from tests.testbed.slurm_cluster import SlurmCluster
@@ -165,7 +291,19 @@ def main() -> None:
     parser.add_argument("--before", help="another checkout's clusterddp, run beside (e.g. /work/main)")
     parser.add_argument("--ssh", action="store_true", help="over SSH on the test bed (2 hosts x 1 worker)")
     parser.add_argument("--slurm", action="store_true", help="the SLURM test bed case (root; 2 nodes x 1 worker)")
+    parser.add_argument("--ssh-dead-host", action="store_true",
+                        help="a dead host over SSH on the test bed (root; 3 hosts x 1 worker, nodes 2:3)")
+    parser.add_argument("--grace-period", type=float, metavar="S",
+                        help="--ssh-dead-host: the job's grace_period (default: the job's default)")
     args = parser.parse_args()
+    if args.ssh_dead_host:
+        results, failures = dead_host_main(args.rounds, args.grace_period, args.before)
+        grace = args.grace_period if args.grace_period is not None else _default_grace_period()
+        print(f"SSH test bed, 3 hosts x 1 gloo worker, nodes 2:3, at step 20 the last host's link cut and every "
+              f"process in it SIGKILLed, restarts 1; grace_period {grace:g} s, target <= {grace + 2:g} s; "
+              f"{args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        _table(results, failures)
+        return
     if args.slurm:
         results, failures = slurm_main(args.rounds, args.before)
         print(f"SLURM test bed, 2 nodes x 1 gloo worker, rank 1 SIGKILLed at step 20, restarts 1; "
@@ -207,10 +345,19 @@ def _measure(rounds: int, round_methods: Callable[[int], dict[str, tuple[list[st
     return results, failures
 
 
+def _default_grace_period() -> float:
+    """The job's default grace_period (clusterddp.spec), for the title when none is given."""
+    sys.path.insert(0, str(HERE.parent))
+    from clusterddp.spec import JobSpec
+
+    return JobSpec.grace_period  # a dataclass field's default is the class attribute
+
+
 def _table(results: dict[str, list[float]], failures: dict[str, list[str]]) -> None:
-    print(f"{'launcher':<22} {'median s':>9} {'min s':>7} {'max s':>7}  all")
+    width = max([22, *(len(name) for name in results)])
+    print(f"{'launcher':<{width}} {'median s':>9} {'min s':>7} {'max s':>7}  all")
     for name, values in results.items():
-        print(f"{name:<22} {statistics.median(values):>9.2f} {min(values):>7.2f} {max(values):>7.2f}  "
+        print(f"{name:<{width}} {statistics.median(values):>9.2f} {min(values):>7.2f} {max(values):>7.2f}  "
               + " ".join(f"{v:.2f}" for v in values))
     for name, reasons in failures.items():
         print(f"{name}: {len(reasons)} run(s) failed, not counted; last: {reasons[-1]}")

@@ -26,7 +26,7 @@ import os
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -146,6 +146,26 @@ class SSHLab:
         """Stop one host's sshd (the namespace stays): the host becomes unreachable by ssh."""
         namespaces.terminate([host.sshd_pid])
 
+    def restart_sshd(self, host: LabHost) -> LabHost:
+        """Start ``host``'s sshd again, as the lab first started it; returns the host with its new
+        ``sshd_pid``, which also takes the old one's place in ``hosts``.
+
+        For a host whose sshd was stopped (``stop_sshd``) or killed with everything else in the
+        host (a dead host): the old sshd, if it still runs, is stopped first. Waits until the
+        new one answers, so a cut host must be ``restore``d first. The lab's teardown ends it
+        like any process left in a host.
+        """
+        if host.name in self._cut:
+            raise RuntimeError(f"{host.name}'s link is cut: restore() it before restarting its sshd")
+        index = [h.name for h in self.hosts].index(host.name)
+        old = self.hosts[index].sshd_pid
+        if old in self.processes(host, include_sshd=True):  # still running, and not a PID reused elsewhere
+            namespaces.terminate([old])
+        restarted = replace(host, sshd_pid=_start_sshd(self.root, host.name))
+        self.hosts[index] = restarted
+        _wait_listening([restarted], self.root / "hosts")
+        return restarted
+
     def write_ssh_config(self, path: Path, hosts: Sequence[LabHost], **options: str) -> Path:
         """An ssh_config for ``hosts`` with extra options for every host (e.g. a wrong key file)."""
         path.write_text("".join(_ssh_config_block(h, self, options) for h in hosts))
@@ -176,7 +196,10 @@ def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None) -> Iter
         try:
             yield _bring_up(n_hosts, root, sshd_pids)
         finally:
-            namespaces.terminate(sshd_pids)
+            # Only the ones still in a host: a test or benchmark that killed a host's sshd left
+            # its PID free for any process on the machine (and a restarted sshd is a leftover).
+            in_hosts = set(namespaces.pids_in_namespaces([n for n in namespaces.netns_names() if n.startswith(PREFIX)]))
+            namespaces.terminate([pid for pid in sshd_pids if pid in in_hosts])
 
 
 def remove_leftovers() -> None:
@@ -210,18 +233,12 @@ def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
     hosts: list[LabHost] = []
     for k, (name, ip) in enumerate(zip(names, ips), start=1):
         host_dir = hosts_dir / name
-        config = host_dir / "sshd_config"
-        config.write_text(SSHD_CONFIG.format(ip=ip, host_key=host_dir / "ssh_host_ed25519_key",
-                                             pidfile=host_dir / "sshd.pid", authorized_keys=authorized))
-        script = (f"hostname {name} && mount --bind {etc_hosts} /etc/hosts && "
-                  f"exec {SSHD} -D -e -f {config}")
-        with open(host_dir / "sshd.log", "wb") as log:
-            proc = subprocess.Popen(["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount",
-                                     "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT)
-        sshd_pids.append(proc.pid)  # nsenter, unshare and sh all exec: this PID becomes sshd
-        hosts.append(LabHost(name=name, ip=ip, netns=name, veth=namespaces.veth_name(PREFIX, k),
-                             sshd_pid=proc.pid))
+        (host_dir / "sshd_config").write_text(SSHD_CONFIG.format(
+            ip=ip, host_key=host_dir / "ssh_host_ed25519_key", pidfile=host_dir / "sshd.pid",
+            authorized_keys=authorized))
+        pid = _start_sshd(root, name)
+        sshd_pids.append(pid)
+        hosts.append(LabHost(name=name, ip=ip, netns=name, veth=namespaces.veth_name(PREFIX, k), sshd_pid=pid))
 
     known_hosts = root / "known_hosts"
     known_hosts.write_text("".join(
@@ -232,6 +249,22 @@ def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
     lab.hostfile.write_text("".join(f"{h.name}\n" for h in hosts))
     _wait_listening(hosts, hosts_dir)
     return lab
+
+
+def _start_sshd(root: Path, name: str) -> int:
+    """Start host ``name``'s sshd from its files under ``root``; returns its PID (not waited for).
+
+    It runs in its own UTS and mount namespaces: the hostname is the host's name and
+    /etc/hosts the lab's, so a host resolves every other host by name, as on a cluster.
+    """
+    host_dir = root / "hosts" / name
+    script = (f"hostname {name} && mount --bind {root / 'etc_hosts'} /etc/hosts && "
+              f"exec {SSHD} -D -e -f {host_dir / 'sshd_config'}")
+    with open(host_dir / "sshd.log", "ab") as log:
+        proc = subprocess.Popen(["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount",
+                                 "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT)
+    return proc.pid  # nsenter, unshare and sh all exec: this PID becomes sshd
 
 
 def _ssh_config_block(host: LabHost, lab: SSHLab, options: dict[str, str]) -> str:
