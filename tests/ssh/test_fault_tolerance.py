@@ -224,8 +224,8 @@ def test_cut_link_restarts_job_from_checkpoint(lab2: SSHLab, head_factory, tmp_p
     """A cut link, one of issue 25's transient faults, on 2 hosts x 1 gloo worker, a fixed node
     count, ``restarts: 2`` (tests/bin/transient_fault.py ``link``: a checkpoint per step). Once
     attempt 0 made progress (both ranks checkpointed step 2, rank 1 then waits in step 2),
-    cdssh2's link is cut; the head notices (no TCP acknowledgement for 5 s) and names the host in
-    the attempt's report; then the link comes back. The head restarts the whole job (the full
+    cdssh2's link is cut; the head notices (no TCP acknowledgement for ``ssh.link_timeout``, 1 s)
+    and names the host in the attempt's report; then the link comes back. The head restarts the whole job (the full
     way: cdssh2's session is gone, so no restart in place), attempt 1 resumes from the
     checkpoint at step 2 on both hosts, the job finishes with exit 0, and nothing is left running.
 
