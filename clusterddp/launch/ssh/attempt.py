@@ -107,8 +107,9 @@ class Launch:
 def heartbeat_interval(explicit: float | None, link_timeout: float) -> float:
     """Seconds between the head's heartbeats: ``explicit`` when given, else min(1 s, a quarter
     of the link timeout). A cut link is noticed once the head's data has gone unacknowledged for
-    the link timeout (``reach``: TCP_USER_TIMEOUT), and there is data only from the next
-    heartbeat on: a dead host is named within link timeout + interval, 1.25 s by default."""
+    the link timeout (``reach``: TCP_USER_TIMEOUT, which Linux counts from its first resend, one
+    retransmission timeout after the send), and there is data only from the next heartbeat on:
+    a dead host is named within link timeout + interval + that, about 1.5 s by default."""
     return explicit if explicit is not None else min(1.0, link_timeout / 4)
 
 

@@ -164,7 +164,8 @@ def poll_end(launcher: RemoteLauncher) -> bool:
     if status == -1 and (transport is None or not transport.is_active()):
         silent = user_timeout_ms(launcher.session.link_timeout) / 1000  # what its socket was given
         launcher.lost = lost_reason(silent)
-        # The link stopped acknowledging about the link timeout before the kernel gave up.
+        # The link stopped acknowledging at least the link timeout before the kernel gave up
+        # (Linux counts it from its first resend, one retransmission timeout later still).
         launcher.failed_at = time.time() - silent
     else:
         launcher.exit_status = status
