@@ -121,6 +121,22 @@ EXPLICIT = [
     ("ssh-timeout-inf", "ssh: {connect_timeout: .inf}\n", "ssh.connect_timeout", "finite"),
     ("ssh-timeout-nan", "ssh: {connect_timeout: .nan}\n", "ssh.connect_timeout", "finite"),
     ("ssh-parallel-huge", "ssh: {parallel: 1000000}\n", "ssh.parallel", "must be 1-4096"),
+    ("ssh-link-empty", "ssh: {link_timeout: ''}\n", "ssh.link_timeout", "expected a number, got str"),
+    ("ssh-link-string", "ssh: {link_timeout: fast}\n", "ssh.link_timeout", "expected a number, got str"),
+    ("ssh-link-unit", "ssh: {link_timeout: 1s}\n", "ssh.link_timeout", "expected a number, got str"),
+    ("ssh-link-bool", "ssh: {link_timeout: true}\n", "ssh.link_timeout", "expected a number, got bool"),
+    ("ssh-link-null", "ssh: {link_timeout: ~}\n", "ssh.link_timeout", "expected a number, got nothing"),
+    ("ssh-link-list", "ssh: {link_timeout: [1]}\n", "ssh.link_timeout", "expected a number"),
+    ("ssh-link-negative", "ssh: {link_timeout: -1}\n", "ssh.link_timeout", "must be at least 0.5 s, got -1"),
+    ("ssh-link-zero", "ssh: {link_timeout: 0}\n", "ssh.link_timeout", "must be at least 0.5 s, got 0:"),
+    ("ssh-link-tiny", "ssh: {link_timeout: 0.1}\n", "ssh.link_timeout", "gets a single resend"),
+    ("ssh-link-just-under", "ssh: {link_timeout: 0.499}\n", "ssh.link_timeout", "at least 0.5 s"),
+    ("ssh-link-over", "ssh: {link_timeout: 5.001}\n", "ssh.link_timeout", "must be at most 5 s, got 5.001"),
+    ("ssh-link-huge", "ssh: {link_timeout: 1.0e+300}\n", "ssh.link_timeout", "at most 5 s, got 1e+300"),
+    ("ssh-link-huge-int", "ssh: {link_timeout: " + "9" * 30 + "}\n", "ssh.link_timeout", "at most 5 s"),
+    ("ssh-link-inf", "ssh: {link_timeout: .inf}\n", "ssh.link_timeout", "finite"),
+    ("ssh-link-minus-inf", "ssh: {link_timeout: -.inf}\n", "ssh.link_timeout", "finite"),
+    ("ssh-link-nan", "ssh: {link_timeout: .nan}\n", "ssh.link_timeout", "finite"),
     ("openpai-cpu-zero", "openpai: {cpu: 0}\n", "openpai.cpu", "must be > 0"),
     ("slurm-gpus-negative", "slurm: {gpus_per_node: -1}\n", "slurm.gpus_per_node", "must be >= 0"),
     ("logs-rank-negative", "logs: {ranks: [-1]}\n", "logs.ranks[0]", "not a rank"),
@@ -372,11 +388,12 @@ def test_good_values_still_load(tmp_path: Path) -> None:
                     'args: ["multi\\nline", "tab\\there", "ünïcode", "$(not run)"]\n'
                     'env: {A: "x\\ny", B_2: ""}\n'
                     'master: {addr: "fe80::1", port: 65535}\n'
-                    "ssh: {port: &p 22, hosts: ['admin@n1:2', '[::1]:1']}\n"
+                    "ssh: {port: &p 22, hosts: ['admin@n1:2', '[::1]:1'], link_timeout: 0.5}\n"
                     "slurm: {cpus_per_task: *p}\n", encoding="utf-8")
     job = load_job(path)
     assert job.args[0] == "multi\nline" and job.env["A"] == "x\ny" and job.master.addr == "fe80::1"
     assert job.ssh.hosts == ("admin@n1:2", "[::1]:1") and job.slurm.cpus_per_task == 22
+    assert job.ssh.link_timeout == 0.5
 
 
 # --- Through the real CLI: exit 2, exactly one stderr line, no logs dir, no worker started.
@@ -384,7 +401,8 @@ def test_good_values_still_load(tmp_path: Path) -> None:
 CLI_CASES = [c for c in EXPLICIT if c[0] in {
     "tag-foo", "tag-python-name", "nproc-1e26", "nproc-100k", "nodes-1e26", "sig-kill", "sig-stop", "sig-dfl",
     "sig-ign", "sig-term", "name-newline", "env-key-newline", "int-5000-digits", "master-addr-option",
-    "slurm-setup-newline", "ssh-host-option", "unknown-key-newline", "backend-huge"}]
+    "slurm-setup-newline", "ssh-host-option", "unknown-key-newline", "backend-huge", "ssh-link-tiny",
+    "ssh-link-nan"}]
 CLI_CASES += [(f"gen-{c[0]}", c[1], c[2], c[3]) for c in _generated() if c[0] in {
     "args[0]-nul", "env.A-nul", "python-nul", "args[0]-huge", "logs.dir-newline", "name-esc"}]
 

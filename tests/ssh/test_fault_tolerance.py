@@ -224,19 +224,21 @@ def test_cut_link_restarts_job_from_checkpoint(lab2: SSHLab, head_factory, tmp_p
     """A cut link, one of issue 25's transient faults, on 2 hosts x 1 gloo worker, a fixed node
     count, ``restarts: 2`` (tests/bin/transient_fault.py ``link``: a checkpoint per step). Once
     attempt 0 made progress (both ranks checkpointed step 2, rank 1 then waits in step 2),
-    cdssh2's link is cut; the head notices (no TCP acknowledgement for 5 s) and names the host in
-    the attempt's report; then the link comes back. The head restarts the whole job (the full
-    way: cdssh2's session is gone, so no restart in place), attempt 1 resumes from the
-    checkpoint at step 2 on both hosts, the job finishes with exit 0, and nothing is left running.
+    cdssh2's link is cut; the head notices (no TCP acknowledgement for ``ssh.link_timeout``, 1 s)
+    and names the host in the attempt's report; then the link comes back. The head restarts the
+    whole job (the full way: cdssh2's session is gone, so no restart in place), attempt 1
+    resumes from the checkpoint at step 2 on both hosts, the job finishes with exit 0, and
+    nothing is left running.
 
     The link is restored as soon as the head's report names cdssh2, before the restart's probe:
     with a fixed ``nodes`` every listed host must pass that probe, and a host still cut off
     fails it (``attempt.prepare`` raises PreflightError, ``fanout._start`` says "restart 1: ..."
     and ends the job with the last attempt's exit, 255), as a fixed-size job must when a node
     is gone for good (an elastic job would leave it out, the test above). cdssh2's launcher of
-    attempt 0, cut off, stops on its own (no heartbeat for 6 s: here just before the head's
-    report); had it still been stopping, attempt 1's launcher there would wait for it to let go
-    of rank 1's log lock (``local.lock_logs``)."""
+    attempt 0, cut off, stops on its own: once the link is back the head's kernel answers the
+    connection it gave up on with a reset and the launcher's stdin ends (here about 0.6 s after
+    the report), or, the link still down, when no heartbeat came for 6 s; while it is stopping,
+    attempt 1's launcher there waits for it to let go of rank 1's log lock (``local.lock_logs``)."""
     job = write_job(lab2, str(REPO / "tests" / "bin" / "transient_fault.py"), nproc=1, name="cut",
                     args=["link", str(tmp_path)], env={"OMP_NUM_THREADS": "1"})
     data = yaml.safe_load(job.read_text())

@@ -12,7 +12,7 @@ from clusterddp.launch.ssh.outcome import (HOST_LOST, HostState, Outcome, attemp
                                            unhandled_failure, verdict_failure)
 
 NOW = 1000.0
-LOST = "connection lost (no TCP acknowledgement for 5s: link down or host dead?)"
+LOST = "connection lost (no TCP acknowledgement for 1s: link down or host dead?)"
 
 
 def failed(code: int, at: float | None = None, **cause: Any) -> dict[str, Any]:

@@ -65,7 +65,8 @@ class FanoutOptions:
     cwd: str | None = None
     #: Head environment the allow-list is taken from; default ``os.environ``.
     head_env: Mapping[str, str] | None = None
-    heartbeat_interval: float = 1.0
+    #: Seconds between the head's heartbeats; None: from the link timeout (``heartbeat_interval``).
+    heartbeat_interval: float | None = None
     heartbeat_timeout: float = 6.0
     stdout: BinaryIO | None = None
     stderr: BinaryIO | None = None
@@ -99,6 +100,17 @@ class Launch:
     high: int
     #: The head's stdout and stderr: everything the head prints goes through it, masked.
     console: Console
+    #: Seconds between the head's heartbeats to every host (``heartbeat_interval``, resolved once).
+    heartbeat_interval: float
+
+
+def heartbeat_interval(explicit: float | None, link_timeout: float) -> float:
+    """Seconds between the head's heartbeats: ``explicit`` when given, else min(1 s, a quarter
+    of the link timeout). A cut link is noticed once the head's data has gone unacknowledged for
+    the link timeout (``reach``: TCP_USER_TIMEOUT, which Linux counts from its first resend, one
+    retransmission timeout after the send), and there is data only from the next heartbeat on:
+    a dead host is named within link timeout + interval + that, about 1.5 s by default."""
+    return explicit if explicit is not None else min(1.0, link_timeout / 4)
 
 
 @dataclass

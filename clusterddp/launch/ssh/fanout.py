@@ -24,7 +24,8 @@ from clusterddp.launch import runlock
 from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, forwarded_env,
-                                           next_backoff, prepare, refuse_loopback, restart_line)
+                                           heartbeat_interval, next_backoff, prepare, refuse_loopback,
+                                           restart_line)
 from clusterddp.launch.ssh.gather import Gatherer
 from clusterddp.launch.ssh.headlog import HeadLog
 from clusterddp.launch.ssh.hosts import Host, load_ssh_config, resolve_hosts
@@ -72,7 +73,8 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
                   identity_file=_job_path(job, job.ssh.identity_file))
     hosts = resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file, dry_run=options.dry_run))
     low, high = _node_bounds(job, hosts)
-    settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys)
+    settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys,
+                               link_timeout=job.ssh.link_timeout)
     run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
     master_addr = options.master_addr or job.master.addr
     refuse_loopback(master_addr, min(high, len(hosts)))  # before any connection: the user's address
@@ -81,7 +83,8 @@ def run_fanout(job: JobSpec, options: FanoutOptions) -> int:
     launch = Launch(job=job, options=options, hosts=hosts, settings=settings, run_id=run_id,
                      master_addr=master_addr, python=job.python or sys.executable, cwd=options.cwd or os.getcwd(),
                      base_env=head_launch_env(job, head_env), target=target, paths=paths, low=low, high=high,
-                     console=console)
+                     console=console, heartbeat_interval=heartbeat_interval(options.heartbeat_interval,
+                                                                             settings.link_timeout))
     _raise_fd_limit(len(hosts), console)
     nodes = f", nodes {low}:{high} of {len(hosts)} listed" if job.elastic else ""
     console.say(f"{len(hosts)} hosts{nodes}, run id {run_id}; host keys: {settings.policy_name}")
@@ -184,7 +187,7 @@ class _Attempts:
         # The backoff counts from the failure: stopping the other hosts was part of it.
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
         if inplace.keep_alive(kept or [], backoff - stopping, lambda: stop.signum is not None,
-                              launch.options.heartbeat_interval):
+                              launch.heartbeat_interval):
             self._stopped_before_restart()
 
     def _start(self, number: int) -> tuple[Start, bool]:
@@ -277,7 +280,7 @@ def _release(launch: Launch, start: Start, signum: int | None, gatherer: Gathere
               for s in sessions]
     try:
         relay = Relay(ending, launch.console, launch.settings, grace_period=launch.job.grace_period,
-                      heartbeat_interval=launch.options.heartbeat_interval)
+                      heartbeat_interval=launch.heartbeat_interval)
         relay.request_stop("the job ends" if signum is None else f"{signal.Signals(signum).name} on the head",
                            signum)
         relay.run()
@@ -367,7 +370,7 @@ def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop:
     """Relay the started hosts until the end; a stop signal that came before is acted on at once.
     ``in_place``: the attempt, when a failure only ends it (the hosts wait for the next)."""
     relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
-                  heartbeat_interval=launch.options.heartbeat_interval, log_dir=log_dir, events=log.events,
+                  heartbeat_interval=launch.heartbeat_interval, log_dir=log_dir, events=log.events,
                   in_place=in_place)
     if launch.job.logs.merge and launch.job.logs.prefix:
         world = sum(launcher.plan.nproc for launcher in launchers)

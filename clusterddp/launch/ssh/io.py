@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Callable, Sequence
 from clusterddp.launch.merge import LineMerger, Source, parse_label, ranks_label
 
 from clusterddp.launch.ssh.outcome import HostState
-from clusterddp.launch.ssh.reach import USER_TIMEOUT_MS, HostSession, LaunchPlan
+from clusterddp.launch.ssh.reach import HostSession, LaunchPlan, user_timeout_ms
 from clusterddp.protocol import REMOTE_BLOCK_HEADER, parse_result, restart_word
 from clusterddp.redact import mask
 
@@ -165,16 +165,22 @@ def poll_end(launcher: RemoteLauncher) -> bool:
         return False
     status = channel.recv_exit_status()
     if status == -1 and (transport is None or not transport.is_active()):
-        launcher.lost = ("connection lost (no TCP acknowledgement for "
-                         f"{USER_TIMEOUT_MS / 1000:.0f}s: link down or host dead?)")
-        # The link stopped acknowledging about USER_TIMEOUT before the kernel gave up.
-        launcher.failed_at = time.time() - USER_TIMEOUT_MS / 1000
+        silent = user_timeout_ms(launcher.session.link_timeout) / 1000  # what its socket was given
+        launcher.lost = lost_reason(silent)
+        # The link stopped acknowledging at least the link timeout before the kernel gave up
+        # (Linux counts it from its first resend, one retransmission timeout later still).
+        launcher.failed_at = time.time() - silent
     else:
         launcher.exit_status = status
         if launcher.failed() and launcher.failed_at is None:
             launcher.failed_at = time.time()
     launcher.done = launcher.over = True
     return True
+
+
+def lost_reason(link_timeout: float) -> str:
+    """Why a host whose connection died is lost: its socket's link timeout ran out (``1s``, ``0.5s``)."""
+    return f"connection lost (no TCP acknowledgement for {link_timeout:g}s: link down or host dead?)"
 
 
 def waiting(launcher: RemoteLauncher) -> bool:

@@ -6,7 +6,10 @@ Connections are opened the way a long job needs them:
 - The TCP socket is ours (``connect(sock=...)``) so it carries keepalive (idle 2 s, interval
   2 s, 3 probes) and ``TCP_USER_TIMEOUT``: paramiko's own keepalive never notices a cut link,
   and while the head sends heartbeats the connection is never idle, so only the user timeout
-  (unacknowledged data for 5 s) catches a cable pulled mid-run.
+  (the head's data unacknowledged for ``ssh.link_timeout``, 1 s by default) catches a cable
+  pulled mid-run. The kernel's timer, not an answer the host's processes must give: a head or
+  a host starved of CPU still acknowledges in the kernel, so only a link that is really gone
+  (or a network dropping everything for that long) counts as lost.
 - Host keys are checked against known_hosts. RejectPolicy by default; ``accept_new_host_keys``
   is OpenSSH's ``accept-new``: an unknown key is added to the first known_hosts file, a key
   that changed is always refused.
@@ -59,8 +62,8 @@ logging.getLogger("paramiko").propagate = False
 KEEPALIVE_IDLE = 2
 KEEPALIVE_INTERVAL = 2
 KEEPALIVE_PROBES = 3
-#: Milliseconds of unacknowledged data before the kernel drops the connection.
-USER_TIMEOUT_MS = 5000
+#: ``ssh.link_timeout``'s default (sections/ssh.py), for settings and sessions built in code.
+LINK_TIMEOUT = 1.0
 
 _known_hosts_lock = threading.Lock()
 
@@ -77,6 +80,8 @@ class ConnectError(Exception):
 class ConnectSettings:
     timeout: float = 10.0
     accept_new_host_keys: bool = False
+    #: Seconds of unacknowledged data before a connection counts as lost (``ssh.link_timeout``).
+    link_timeout: float = LINK_TIMEOUT
 
     @property
     def policy_name(self) -> str:
@@ -116,7 +121,7 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
 
 def open_client(host: Host, settings: ConnectSettings) -> paramiko.SSHClient:
     """A connected, authenticated client for ``host``; raises ConnectError with one clear line."""
-    sock = _keepalive_socket(host, settings.timeout)
+    sock = open_socket(host, settings)
     client = paramiko.SSHClient()
     try:
         for path in host.known_hosts:
@@ -138,7 +143,14 @@ def open_client(host: Host, settings: ConnectSettings) -> paramiko.SSHClient:
     return client
 
 
-def _keepalive_socket(host: Host, timeout: float) -> socket.socket:
+def user_timeout_ms(link_timeout: float) -> int:
+    """``TCP_USER_TIMEOUT`` for a link timeout in seconds: whole milliseconds, as the kernel takes it."""
+    return max(1, round(link_timeout * 1000))
+
+
+def open_socket(host: Host, settings: ConnectSettings) -> socket.socket:
+    """The TCP connection to ``host``, made here rather than by paramiko so that it carries
+    keepalive and ``TCP_USER_TIMEOUT`` (``settings.link_timeout``); raises ConnectError."""
     try:
         infos = socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -151,9 +163,9 @@ def _keepalive_socket(host: Host, timeout: float) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms(settings.link_timeout))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(timeout)
+        sock.settimeout(settings.timeout)
         try:
             sock.connect(address)
             return sock
@@ -263,6 +275,8 @@ class HostSession:
 
     host: Host
     node_rank: int
+    #: Its socket's link timeout (``ConnectSettings.link_timeout``): how long a lost link went unnoticed.
+    link_timeout: float = LINK_TIMEOUT
     client: paramiko.SSHClient | None = None
     channel: paramiko.Channel | None = None
     facts: dict[str, Any] = field(default_factory=dict)
@@ -307,7 +321,7 @@ def start_sessions(hosts: Sequence[Host], settings: ConnectSettings, python: str
                    request_for: Callable[[int, Host], Mapping[str, Any]], parallel: int,
                    probe_timeout: float) -> list[HostSession]:
     """Connect, start the stub and read its probe on every host at once (never raises)."""
-    sessions = [HostSession(host=h, node_rank=i) for i, h in enumerate(hosts)]
+    sessions = [HostSession(host=h, node_rank=i, link_timeout=settings.link_timeout) for i, h in enumerate(hosts)]
 
     def one(session: HostSession) -> None:
         start = time.monotonic()
