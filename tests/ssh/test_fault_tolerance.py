@@ -33,7 +33,8 @@ def _training_job(lab: SSHLab, out_dir: Path, **extra: object) -> Path:
     job = write_job(lab, str(REPO / "jobs" / "cifar10.py"), nproc=1, name="ft",
                     args=[*CIFAR_ARGS, "--out-dir", str(out_dir)], env={"OMP_NUM_THREADS": "1"})
     data = yaml.safe_load(job.read_text())
-    data.update({"nodes": "3:4", "restarts": 2, "python": sys.executable, **extra})
+    # preload as jobs/cifar10.yaml: a restart's workers fork with torchvision imported
+    data.update({"nodes": "3:4", "restarts": 2, "python": sys.executable, "preload": ["torchvision"], **extra})
     job.write_text(yaml.safe_dump(data))
     return job
 
