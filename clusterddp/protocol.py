@@ -18,10 +18,11 @@ files in the run's log directory) is spelled here and nowhere else:
 - ``I``/``T``/``H``/``Q`` on stdin, head -> remote launcher, just before EOF: "the head got
   SIGINT/SIGTERM/SIGHUP/SIGQUIT", so every host stops as a node that got it itself:
   ``stop_request_byte`` / ``stop_requested``
-- ``E<K>\n`` and ``R<K> <P>[ <NODE_RANK> <W0>,<W1>,...]\n`` on stdin, head -> a launcher
+- ``E<K>\n`` and ``R<K> <P>[ <NODE_RANK> <W0>,<W1>,...[ <ADDR>]]\n`` on stdin, head -> a launcher
   started with ``--await-restart``: "end attempt K" (tear its workers down, report, wait) and
   "run attempt K in place on master port P" (as node NODE_RANK of a job whose nodes run W0,
-  W1, ... workers, when its nodes changed) (``end_attempt_word`` / ``restart_word``;
+  W1, ... workers, when its nodes changed; its master at ADDR when node 0 went)
+  (``end_attempt_word`` / ``restart_word``;
   ``StdinWords`` reads them, and the bytes above, from the stream)
 - ``SIGRTMIN+4``, ``clusterddp stacks`` -> the run's launcher: ``STACKS_REQUEST_SIGNAL``
 - ``SIGRTMIN+3``, supervisor -> worker, dump stacks and keep running: ``DUMP_SIGNAL``
@@ -129,15 +130,18 @@ def end_attempt_word(attempt: int) -> bytes:
     return f"{_END_ATTEMPT}{attempt}\n".encode()
 
 
-def restart_word(attempt: int, master_port: int, layout: tuple[int, Sequence[int]] | None = None) -> bytes:
+def restart_word(attempt: int, master_port: int, layout: tuple[int, Sequence[int]] | None = None,
+                 master_addr: str | None = None) -> bytes:
     """``R<K> <P>\n``: the head tells a waiting launcher to run attempt K in place, its workers
     on master port P, forked from the interpreter it kept. ``layout``: the job's nodes changed
     (an elastic job lost a host): this launcher's new node rank and every node's workers, in
-    node-rank order, as ``R<K> <P> <NODE_RANK> <W0>,<W1>,...``."""
+    node-rank order, as ``R<K> <P> <NODE_RANK> <W0>,<W1>,...``, then `` <ADDR>`` when node 0
+    was lost and the master moved with it."""
     if layout is None:
         return f"{_RESTART}{attempt} {master_port}\n".encode()
     node_rank, workers = layout
-    return f"{_RESTART}{attempt} {master_port} {node_rank} {','.join(str(w) for w in workers)}\n".encode()
+    moved = f" {master_addr}" if master_addr is not None else ""
+    return f"{_RESTART}{attempt} {master_port} {node_rank} {','.join(str(w) for w in workers)}{moved}\n".encode()
 
 
 class RestartWord(NamedTuple):
@@ -150,6 +154,8 @@ class RestartWord(NamedTuple):
     node_rank: int | None = None
     #: Every node's workers in node-rank order (the node count is its length).
     node_workers: tuple[int, ...] = ()
+    #: The master's new address, when node 0 was lost; None: the same.
+    master_addr: str | None = None
 
 
 _END_ATTEMPT = "E"
@@ -159,15 +165,15 @@ MAX_WORD = 1 << 20
 
 
 def _read_word(word: bytes) -> tuple[str, int, RestartWord | None] | None:
-    """``E<K>``, ``R<K> <P>`` or ``R<K> <P> <NODE_RANK> <W0,W1,...>`` (without the newline) as
-    ("end", K, None) / ("restart", K, RestartWord); None for anything else."""
+    """``E<K>``, ``R<K> <P>`` or ``R<K> <P> <NODE_RANK> <W0,W1,...>[ <ADDR>]`` (without the
+    newline) as ("end", K, None) / ("restart", K, RestartWord); None for anything else."""
     kind, parts = word[:1], word[1:].split(b" ")
     numbers = parts[:3]
     if not all(n.isdigit() and len(n) <= 9 for n in numbers):
         return None
     if kind == _END_ATTEMPT.encode() and len(parts) == 1:
         return "end", int(numbers[0]), None
-    if kind != _RESTART.encode() or len(parts) not in (2, 4) or not 0 < int(numbers[1]) < 65536:
+    if kind != _RESTART.encode() or len(parts) not in (2, 4, 5) or not 0 < int(numbers[1]) < 65536:
         return None
     attempt, port = int(numbers[0]), int(numbers[1])
     if len(parts) == 2:
@@ -175,7 +181,15 @@ def _read_word(word: bytes) -> tuple[str, int, RestartWord | None] | None:
     workers = parts[3].split(b",")
     if not all(w.isdigit() and len(w) <= 9 and int(w) > 0 for w in workers) or int(numbers[2]) >= len(workers):
         return None
-    return "restart", attempt, RestartWord(attempt, port, int(numbers[2]), tuple(int(w) for w in workers))
+    addr = parts[4] if len(parts) == 5 else None
+    if addr is not None and not (0 < len(addr) <= 253 and all(chr(c) in _ADDRESS_CHARS for c in addr)):
+        return None
+    return "restart", attempt, RestartWord(attempt, port, int(numbers[2]), tuple(int(w) for w in workers),
+                                           addr.decode() if addr is not None else None)
+
+
+#: What a master address in a restart word may hold: a host name, IPv4 or IPv6 (with a zone).
+_ADDRESS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:%")
 
 
 class StdinWords:

@@ -48,6 +48,8 @@ class Restart:
     node_rank: int | None = None
     #: Then every node's workers, in node-rank order (the node count is its length).
     node_workers: tuple[int, ...] = ()
+    #: Then the master's new address, when node 0 went; None: the same.
+    master_addr: str | None = None
 
 
 class Coordinator(Protocol):
@@ -82,7 +84,7 @@ def replanned(plans: Sequence[WorkerPlan], master_port: int | None) -> list[Work
 
 def relaid(topology: Topology, told: Restart) -> Topology:
     """This node's topology for a restart that moved it (``told.node_rank``): its node rank,
-    the node count and every node's workers from the decision; its own workers stay (the
+    the node count, every node's workers and (node 0 gone) the master from the decision; its own workers stay (the
     decider counted them), so a decision that says otherwise is refused rather than obeyed.
     The nodes' names are dropped: the decider did not say which went."""
     workers = told.node_workers
@@ -95,4 +97,5 @@ def relaid(topology: Topology, told: Restart) -> Topology:
     return replace(topology, nnodes=len(workers), node_rank=told.node_rank,
                    nproc_per_node=topology.workers_on(topology.node_rank),
                    node_workers=workers if uneven else (), hosts=(), restart_count=told.attempt,
-                   master_port=topology.master_port if told.master_port is None else told.master_port)
+                   master_port=topology.master_port if told.master_port is None else told.master_port,
+                   master_addr=told.master_addr or topology.master_addr)

@@ -65,7 +65,8 @@ class StdinWatch:
                     self._end_attempt(number, "the head ended the attempt (a failure elsewhere)")
                 elif kind == "restart" and word is not None:
                     self._restarts.put(Restart(attempt=number, master_port=word.master_port,
-                                               node_rank=word.node_rank, node_workers=word.node_workers))
+                                               node_rank=word.node_rank, node_workers=word.node_workers,
+                                               master_addr=word.master_addr))
 
     def check(self) -> None:
         """Ask to stop when the head has been silent longer than the heartbeat timeout."""

@@ -32,7 +32,14 @@ from tests.conftest import cli, cli_env, wait_for, write_job
     ([b"R2 29500 0 1\n"], [("restart", 2, RestartWord(2, 29500, 0, (1,)))]),
     # no such node, a node without workers, an empty or broken list, a missing part, binary
     ([b"R2 29500 3 1,1,1\n", b"R2 29500 0 1,0\n", b"R2 29500 0 \n", b"R2 29500 0 1,,1\n",
-      b"R2 29500 1\n", b"R2 29500 0 1,1 7\n", b"R2 29500 -1 1\n", b"R2 29500 0 1,\xff\n", b"R2 29500 0 1,1e3\n"], []),
+      b"R2 29500 1\n", b"R2 29500 0 1,1 7 8\n", b"R2 29500 -1 1\n", b"R2 29500 0 1,\xff\n", b"R2 29500 0 1,1e3\n"], []),
+    # node 0 went: the master's new address last (a name, IPv4, IPv6 with a zone)
+    ([b"R2 29500 0 1,1 10.0.0.3\n", b"R3 29501 1 1,1 fe80::1%eth0\n"],
+     [("restart", 2, RestartWord(2, 29500, 0, (1, 1), "10.0.0.3")),
+      ("restart", 3, RestartWord(3, 29501, 1, (1, 1), "fe80::1%eth0"))]),
+    # ... but nothing a shell or a parser could take for more: each dropped
+    ([b"R2 29500 0 1 a;b\n", b"R2 29500 0 1 $(x)\n", b"R2 29500 0 1 " + b"a" * 254 + b"\n",
+      b"R2 29500 0 1 h\xc3\xa9\n", b"R2 29500 0 1 \n", b"R2 29500 0 1 a b\n", b"R2 29500 1.1.1.1\n"], []),
     # a word over MAX_WORD is dropped whole, and what follows its newline counts
     ([b"R2 29500 0 " + b"1," * (MAX_WORD // 2), b"1\nE7\n"], [("end", 7, None)]),
 ])
@@ -55,6 +62,8 @@ def test_relaid_gives_the_node_its_new_place() -> None:
     moved = relaid(node2, Restart(1, 29511, node_rank=1, node_workers=(2, 1, 1)))
     assert (moved.node_rank, moved.nnodes, moved.world_size, moved.master_port) == (1, 3, 4, 29511)
     assert [moved.global_rank(0)] == [2] and moved.restart_count == 1 and moved.hosts == ()
+    assert moved.master_addr == "10.0.0.1"
+    assert relaid(node2, Restart(1, 29511, 0, (1, 1), master_addr="10.0.0.2")).master_addr == "10.0.0.2"
     even = relaid(node2, Restart(1, 29511, node_rank=0, node_workers=(1, 1)))
     assert (even.node_workers, even.nproc_per_node, even.world_size, even.global_rank(0)) == ((), 1, 2, 0)
     with pytest.raises(ValueError, match="told to run 2 workers"):

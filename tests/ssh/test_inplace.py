@@ -100,15 +100,17 @@ def test_a_killed_rank_restarts_in_place_on_the_same_launchers(lab2: SSHLab, hea
     assert lab2.wait_clean(5)[0]
 
 
+@pytest.mark.parametrize("dead, mode", [("cdssh3", "mark-last"), ("cdssh1", "mark-first")])
 def test_a_lost_host_restarts_in_place_on_the_hosts_left(lab3: SSHLab, head_factory: Callable[..., Head],
-                                                          tmp_path: Path) -> None:
-    """nodes 2:3 on 3 listed hosts: cdssh3 dies at step 5 (link cut, every process in it killed).
-    No other host could join, so attempt 1 runs in place on cdssh1 and cdssh2: the same launchers
-    (the workers' parent) and zygotes, world size 2, the ranks of nodes 0 and 1; the job completes
-    and nothing is left running on the live hosts."""
+                                                          tmp_path: Path, dead: str, mode: str) -> None:
+    """nodes 2:3 on 3 listed hosts: one host dies at step 5 (link cut, every process in it killed),
+    the last or node 0 (the master). No other host could join, so attempt 1 runs in place on the
+    other two: the same launchers (the workers' parent) and zygotes, world size 2, node ranks 0
+    and 1 in hostfile order (the master moved to the next host when node 0 went); the job
+    completes and nothing is left running on the live hosts."""
     out = tmp_path / "out"
     out.mkdir()
-    job = _job(lab3, BIN / "inplace_steps.py", [str(out), "mark-last"], restarts=1)
+    job = _job(lab3, BIN / "inplace_steps.py", [str(out), mode], restarts=1)
     data = yaml.safe_load(job.read_text())
     data["nodes"] = "2:3"
     job.write_text(yaml.safe_dump(data))
@@ -117,9 +119,9 @@ def test_a_lost_host_restarts_in_place_on_the_hosts_left(lab3: SSHLab, head_fact
     while not (out / "mark").exists():
         assert head.proc.poll() is None and time.monotonic() < deadline, head.output()
         time.sleep(0.02)
-    dead = lab3.host("cdssh3")
-    lab3.cut(dead)
-    for pid in lab3.processes(dead, include_sshd=True):
+    lost = lab3.host(dead)
+    lab3.cut(lost)
+    for pid in lab3.processes(lost, include_sshd=True):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -128,28 +130,30 @@ def test_a_lost_host_restarts_in_place_on_the_hosts_left(lab3: SSHLab, head_fact
     code = head.finish(120)
     stderr = "\n".join(head.stderr)
     assert code == 0, head.output()
-    assert re.search(r"attempt 1 failed \(cdssh3: connection lost", stderr), stderr
-    assert ("restart 1: 2 host(s) cdssh1,cdssh2 (world size 2); not used: cdssh3: connection lost in attempt 1; "
-            "in place (the same launchers, numbered again)") in stderr, stderr
+    assert re.search(rf"attempt 1 failed \({dead}: connection lost", stderr), stderr
+    live = [h for h in lab3.hosts if h.name != dead]
+    moved = f", master {live[0].ip}" if dead == "cdssh1" else ""
+    assert (f"restart 1: 2 host(s) {live[0].name},{live[1].name} (world size 2); not used: {dead}: connection lost "
+            f"in attempt 1; in place (the same launchers, numbered again{moved})") in stderr, stderr
     records = _records(out)
+    old_ranks = [int(h.name[-1]) - 1 for h in live]  # each live host's rank in attempt 0
     assert {(0, 1), (1, 1)} <= set(records) and (2, 1) not in records, records
-    for rank in (0, 1):
-        before, after = records[rank, 0], records[rank, 1]
+    for new_rank, old_rank in enumerate(old_ranks):
+        before, after = records[old_rank, 0], records[new_rank, 1]
         assert before["ppid"] == after["ppid"], (before, after)  # the same launcher
         assert any(part.endswith("zygote.py") for part in after["cmdline"]), after
-        assert (after["world"], after["group_rank"], after["restart"]) == ("2", str(rank), "1"), after
-    assert before["world"] == "3"
+        assert (after["world"], after["group_rank"], after["restart"]) == ("2", str(new_rank), "1"), after
+        assert (before["world"], after["master"]) == ("3", live[0].ip), (before, after)
     run_dir = tmp_path / "logs" / "shrink"
-    for node in (0, 1):
-        restart = [e for e in _events(run_dir / f"events.node{node}.jsonl") if e["kind"] == "restart"]
+    for new_rank, old_rank in enumerate(old_ranks):  # each launcher's log keeps its first name
+        restart = [e for e in _events(run_dir / f"events.node{old_rank}.jsonl") if e["kind"] == "restart"]
         assert len(restart) == 1 and restart[0]["in_place"] is True, restart
-        assert (restart[0]["node_rank"], restart[0]["world_size"]) == (node, 2), restart
-    live = [h for h in lab3.hosts if h.name != "cdssh3"]
+        assert (restart[0]["node_rank"], restart[0]["world_size"]) == (new_rank, 2), restart
     deadline = time.monotonic() + 10
     while any(lab3.processes(h) for h in live) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(lab3.processes(h) for h in live), {h.name: lab3.processes(h) for h in live}
-    print(f"lost host: death -> job done {time.monotonic() - died:.1f}s")
+    print(f"lost host {dead}: death -> job done {time.monotonic() - died:.1f}s")
 
 
 def test_a_lost_launcher_falls_back_to_a_new_launch(lab2: SSHLab, head_factory: Callable[..., Head],

@@ -126,6 +126,8 @@ class Start:
     #: Restarted in place on fewer hosts than the last attempt: each launcher is told its new
     #: node rank and every node's workers (``protocol.restart_word``'s layout).
     renumbered: bool = False
+    #: Node 0 was lost and the master moved to the next one (said in the restart word).
+    master_moved: bool = False
 
 
 def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:
@@ -139,7 +141,7 @@ def prepare(launch: Launch, number: int, dead: dict[str, str]) -> Start:
     sessions: list[HostSession] = []
     try:
         for _ in range(2):
-            master_addr = launch.master_addr or (_address_of(candidates[0]) if candidates else None)
+            master_addr = launch.master_addr or (address_of(candidates[0]) if candidates else None)
             port = master_port(launch, number)
             sessions = probe(launch, candidates, master_addr or "", port)
             selection = choose_hosts([(s.host.name, s, s.problems) for s in sessions], launch.high)
@@ -274,7 +276,7 @@ def dry_run_text(job: JobSpec, plans: Sequence[LaunchPlan], sessions: Sequence[H
     return "\n".join(lines) + "\n"
 
 
-def _address_of(host: Host) -> str | None:
+def address_of(host: Host) -> str | None:
     """Node 0's address as the other hosts should reach it (None: connect will name the problem)."""
     try:
         return str(socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0])

@@ -257,7 +257,7 @@ def _kept_start(start: Start, kept: Sequence[RemoteLauncher]) -> Start:
     """The last attempt's start reduced to the launchers kept for the next one; ``renumbered``
     when that is fewer hosts (the restart word then says each one's new place)."""
     return replace(start, sessions=[lau.session for lau in kept], plans=[lau.plan for lau in kept],
-                   renumbered=len(kept) < len(start.sessions))
+                   renumbered=len(kept) < len(start.sessions), master_moved=False)
 
 
 def _lost(launchers: Sequence[HostState], elastic: bool, attempt: int) -> dict[str, str]:
@@ -335,7 +335,8 @@ def _run(launch: Launch, start: Start, number: int, stop: _Stop, gatherer: Gathe
     launchers = _launchers(launch, start, number, log_dir)
     try:
         if in_place:
-            restart_hosts(launchers, number, start.master_port, start.renumbered)
+            restart_hosts(launchers, number, start.master_port, start.renumbered,
+                          start.master_addr if start.master_moved else None)
         else:
             start_hosts(launchers)
         gatherer.look(launchers)

@@ -120,14 +120,16 @@ def start_hosts(launchers: Sequence[RemoteLauncher]) -> None:
         launcher.channel.sendall(json.dumps(launcher.plan.message()).encode() + b"\n")
 
 
-def restart_hosts(launchers: Sequence[RemoteLauncher], attempt: int, master_port: int, renumbered: bool) -> None:
+def restart_hosts(launchers: Sequence[RemoteLauncher], attempt: int, master_port: int, renumbered: bool,
+                  master_addr: str | None = None) -> None:
     """The restart word to every host's waiting launcher, back to back: each runs ``attempt``
     in place on ``master_port``, its workers forked from the interpreter it kept; when the
-    hosts were ``renumbered``, each as its plan's node rank of the hosts' plans."""
+    hosts were ``renumbered``, each as its plan's node rank of the hosts' plans (with the
+    master at ``master_addr`` when it moved)."""
     workers = [launcher.plan.nproc for launcher in launchers]
     for launcher in launchers:
         layout = (launcher.plan.node_rank, workers) if renumbered else None
-        launcher.channel.sendall(restart_word(attempt, master_port, layout))
+        launcher.channel.sendall(restart_word(attempt, master_port, layout, master_addr if layout else None))
 
 
 def drain(launcher: RemoteLauncher, on_line: LineHandler) -> None:
