@@ -3,10 +3,10 @@ the wall time to OUT/killed and SIGKILLs itself at step STEP (20); in a later at
 rank 0 writes the wall time of its first completed step to OUT/resumed, and all ranks
 leave after that step (os._exit, as noop_gloo.py: interpreter teardown is not measured).
 
-    kill_at_step.py OUT [STEP] [--dying] [--sigterm-flag]
+    kill_at_step.py OUT [STEP] [--dying] [--dying-rank R] [--sigterm-flag]
 
-``--dying``: in attempt 0 the last rank writes "WALL_TIME HOSTNAME" to OUT/dying at STEP
-and goes on; the benchmark then kills its whole host (restart_latency.py --ssh-dead-host).
+``--dying``: in attempt 0 the last rank (``--dying-rank R``: rank R) writes "WALL_TIME
+HOSTNAME" to OUT/dying at STEP and goes on; the benchmark then kills its whole host (restart_latency.py --ssh-dead-host).
 ``--sigterm-flag``: a SIGTERM handler that only sets a flag, checked at each step boundary
 (exit 75), as clusterddp.train's preemption handler does; a rank blocked in a collective
 whose peer is gone cannot run it, so its launcher SIGKILLs it after grace_period.
@@ -25,6 +25,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("step", type=int, nargs="?", default=20)
 parser.add_argument("--dying", action="store_true")
+parser.add_argument("--dying-rank", type=int, default=-1)
 parser.add_argument("--sigterm-flag", action="store_true")
 args = parser.parse_args()
 out, kill_at = args.out, args.step
@@ -41,7 +42,7 @@ if args.sigterm_flag:
     signal.signal(signal.SIGTERM, _on_sigterm)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-last = rank == dist.get_world_size() - 1
+last = rank == (args.dying_rank if args.dying_rank >= 0 else dist.get_world_size() - 1)
 step = 0
 while True:
     if terminated:

@@ -132,7 +132,7 @@ def ssh_methods(lab_root: str, ssh_config: str, hostfile: str, out: str, round_:
 DEAD_HOST_VARIANTS = {"no SIGTERM handler": (), "SIGTERM handled": ("--sigterm-flag",)}
 
 
-def dead_host_main(rounds: int, grace_period: float | None, before: str | None
+def dead_host_main(rounds: int, grace_period: float | None, before: str | None, first: bool = False
                    ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
     """``rounds`` x (each variant x each checkout) dead-host runs on a 3-host bed, interleaved."""
     sys.path.insert(0, str(HERE.parent))
@@ -146,7 +146,7 @@ def dead_host_main(rounds: int, grace_period: float | None, before: str | None
             for suffix, checkout in checkouts.items():
                 for variant, flags in DEAD_HOST_VARIANTS.items():
                     run_id = f"dead-{'before' if checkout else 'after'}-{'flag' if flags else 'plain'}-{r}"
-                    value = dead_host_latency(lab, run_id, flags, grace_period, checkout)
+                    value = dead_host_latency(lab, run_id, flags, grace_period, checkout, first)
                     print(f"{run_id}: {value if isinstance(value, str) else f'{value:.2f} s'}", file=sys.stderr)
                     if isinstance(value, str):
                         failures.setdefault(variant + suffix, []).append(f"{run_id}: {value}")
@@ -156,8 +156,8 @@ def dead_host_main(rounds: int, grace_period: float | None, before: str | None
 
 
 def dead_host_latency(lab: SSHLab, run_id: str, flags: Sequence[str], grace_period: float | None,
-                      checkout: str | None) -> float | str:
-    """One run: 3 hosts, ``nodes: "2:3"``; at step 20 the last host dies (its link cut, every
+                      checkout: str | None, first: bool = False) -> float | str:
+    """One run: 3 hosts, ``nodes: "2:3"``; at step 20 the last host (``first``: node 0, the master) dies (its link cut, every
     process in it SIGKILLed, sshd included). Seconds from that moment to the first completed step
     of the next attempt (on the 2 live hosts), or why the run failed. Anything of the job left on
     a host afterwards fails the run (and is ended). The dead host is brought back either way."""
@@ -168,7 +168,8 @@ def dead_host_latency(lab: SSHLab, run_id: str, flags: Sequence[str], grace_peri
     os.makedirs(out)
     job = os.path.join(directory, "job.yaml")
     with open(job, "w") as f:
-        f.write(f"name: restart-latency-dead-host\nscript: {WORKER}\nargs: {[out, '20', '--dying', *flags]!r}\n"
+        worker_args = [out, "20", "--dying", *flags, *(["--dying-rank", "0"] if first else [])]
+        f.write(f"name: restart-latency-dead-host\nscript: {WORKER}\nargs: {worker_args!r}\n"
                 f"nodes: '2:3'\nnproc_per_node: 1\nrestarts: 1\npython: {sys.executable}\n"
                 f"logs: {{dir: '{directory}/logs'}}\nssh: {{config_file: '{lab.ssh_config}'}}\n"
                 + (f"grace_period: {grace_period}\n" if grace_period is not None else ""))
@@ -176,7 +177,7 @@ def dead_host_latency(lab: SSHLab, run_id: str, flags: Sequence[str], grace_peri
     env.pop("CLUSTERDDP_HOSTFILE", None)
     if checkout:
         env["PYTHONPATH"] = checkout
-    dead = lab.hosts[-1]
+    dead = lab.hosts[0 if first else -1]
     with open(os.path.join(directory, "head.err"), "wb") as stderr:
         head = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", job, "--hostfile", str(lab.hostfile),
                                  "--run-id", run_id], env=env, cwd=checkout or os.getcwd(),
@@ -293,13 +294,15 @@ def main() -> None:
     parser.add_argument("--slurm", action="store_true", help="the SLURM test bed case (root; 2 nodes x 1 worker)")
     parser.add_argument("--ssh-dead-host", action="store_true",
                         help="a dead host over SSH on the test bed (root; 3 hosts x 1 worker, nodes 2:3)")
+    parser.add_argument("--first", action="store_true", help="--ssh-dead-host: node 0 (the master) dies, not the last")
     parser.add_argument("--grace-period", type=float, metavar="S",
                         help="--ssh-dead-host: the job's grace_period (default: the job's default)")
     args = parser.parse_args()
     if args.ssh_dead_host:
-        results, failures = dead_host_main(args.rounds, args.grace_period, args.before)
+        results, failures = dead_host_main(args.rounds, args.grace_period, args.before, args.first)
         grace = args.grace_period if args.grace_period is not None else _default_grace_period()
-        print(f"SSH test bed, 3 hosts x 1 gloo worker, nodes 2:3, at step 20 the last host's link cut and every "
+        print(f"SSH test bed, 3 hosts x 1 gloo worker, nodes 2:3, at step 20 {'node 0' if args.first else 'the last host'}'s"
+              " link cut and every "
               f"process in it SIGKILLed, restarts 1; grace_period {grace:g} s, target <= {grace + 2:g} s; "
               f"{args.rounds} rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         _table(results, failures)
