@@ -36,8 +36,8 @@ def keepable(launch: Launch, launchers: Sequence[RemoteLauncher]) -> list[Remote
     (their link) and the job is elastic: if they are at least MIN, the attempt ran on every
     listed host (no spare, and none left out that a probe might find back) and either node 0
     is among them (the master stays: the hosts' routes to it were probed) or the next node 0
-    is on the network the job used (``new_master``). A launcher that
-    ended on its own, on a host whose link is fine, is launched anew with the others."""
+    is on the network the job used (``new_master``). A launcher that ended on its own, on a
+    host whose link is fine, is launched anew with the others."""
     if not launchers:
         return None
     left = [lau for lau in launchers if io.waiting(lau) and io.alive(lau)]
@@ -71,10 +71,11 @@ def still_waiting(launchers: Sequence[RemoteLauncher]) -> bool:
 
 
 def in_place_start(launch: Launch, kept: Start, number: int, lost: dict[str, str]) -> Start:
-    """Attempt ``number`` on the kept launchers (``fanout``'s kept start): its own master port (derived per attempt as
-    before, so nothing of the last attempt is in the way), no probe. When hosts were lost
-    (``lost``), the others are numbered again in their order (node 0 stays node 0) and each
-    is told its new place with the restart word: world size, ranks and logs follow."""
+    """Attempt ``number`` on the kept launchers (``fanout``'s kept start): its own master port
+    (derived per attempt as before, so nothing of the last attempt is in the way), no probe.
+    When hosts were lost (``lost``), the others are numbered again in their order, the master
+    moving to the new node 0 if node 0 went (``new_master``), and each is told its new place
+    with the restart word: world size, ranks and logs follow."""
     sessions, renumbered = kept.sessions, kept.renumbered
     master = kept.master_addr
     if renumbered and sessions[0].node_rank != 0 and launch.master_addr is None:
