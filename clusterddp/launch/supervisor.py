@@ -331,9 +331,10 @@ class LocalSupervisor:
             if self.group.all_exited():
                 return None
             if isinstance(self.coordinator, PeerWatch):  # another node's attempt ended: so does ours
-                self._peer_reason = self.coordinator.ended_elsewhere(self.runlog.events.attempt)
-                if self._peer_reason is not None:
-                    return None
+                elsewhere = self.coordinator.ended_elsewhere(self.runlog.events.attempt)
+                if elsewhere is not None:
+                    self.end_attempt(self.runlog.events.attempt, elsewhere)
+                    continue
             if self._watch is not None:
                 self._watch.check()
             if self._stacks_requested:
@@ -346,8 +347,8 @@ class LocalSupervisor:
             self._wake.clear()
 
     def _ending(self) -> bool:
-        """Was the running attempt asked to end (``end_attempt``)? Then it ends as a failure of
-        another node's, as when a ``PeerWatch`` says so."""
+        """Was the running attempt asked to end (``end_attempt``: the head's end word, or a
+        ``PeerWatch`` that saw another node's end)? Then it ends as a failure of another node's."""
         asked = self._end_requested
         if asked is not None and asked[0] == self.runlog.events.attempt:  # the running attempt's number
             self._peer_reason = asked[1]

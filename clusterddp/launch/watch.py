@@ -64,9 +64,7 @@ class StdinWatch:
                 elif kind == "end" and self._end_attempt is not None:
                     self._end_attempt(number, "the head ended the attempt (a failure elsewhere)")
                 elif kind == "restart" and word is not None:
-                    self._restarts.put(Restart(attempt=number, master_port=word.master_port,
-                                               node_rank=word.node_rank, node_workers=word.node_workers,
-                                               master_addr=word.master_addr))
+                    self._restarts.put(Restart(**word._asdict()))
 
     def check(self) -> None:
         """Ask to stop when the head has been silent longer than the heartbeat timeout."""

@@ -196,11 +196,7 @@ class _Attempts:
         launch, kept = self.launch, self.kept
         self.kept = None
         if kept is not None and not inplace.still_waiting(kept[1]):
-            try:
-                ended = _release(launch, kept[0], self.stop.signum, self.gatherer)  # one ended meanwhile
-            finally:
-                for session in kept[0].sessions:
-                    session.close()
+            ended = _release_kept(launch, kept[0], self.stop.signum, self.gatherer)  # one ended meanwhile
             self.dead, kept = _lost(ended, launch.job.elastic, number), None
         if kept is not None:
             return inplace.in_place_start(launch, kept[0], number, self.dead), True
@@ -244,13 +240,19 @@ class _Attempts:
         self.log.emit("stop", why=f"{signal.Signals(signum).name} on the head before the restart")
         kept, self.kept = self.kept, None
         if kept:
-            try:
-                _release(self.launch, kept[0], signum, self.gatherer)
-            finally:
-                for session in kept[0].sessions:
-                    session.close()
+            _release_kept(self.launch, kept[0], signum, self.gatherer)
         _finish(self.attempts, self.launch.console)
         raise _JobEnds(128 + signum)  # a stop is the job's end, as on one node (supervisor.py)
+
+
+def _release_kept(launch: Launch, kept: Start, signum: int | None, gatherer: Gatherer) -> list[RemoteLauncher]:
+    """The kept launchers released (``_release``) and their sessions closed: the next attempt
+    will not run on them."""
+    try:
+        return _release(launch, kept, signum, gatherer)
+    finally:
+        for session in kept.sessions:
+            session.close()
 
 
 def _kept_start(start: Start, kept: Sequence[RemoteLauncher]) -> Start:

@@ -160,12 +160,10 @@ def flush_partials(launchers: Sequence[RemoteLauncher], on_line: LineHandler) ->
 def poll_end(launcher: RemoteLauncher) -> bool:
     """True once the host's session is over and read to the end; records its exit or loss."""
     channel = launcher.channel
-    transport = channel.get_transport()
-    if not channel.exit_status_ready() and transport is not None and transport.is_active():
-        return False
-    if channel.recv_ready() or channel.recv_stderr_ready():
+    if alive(launcher) or channel.recv_ready() or channel.recv_stderr_ready():
         return False
     status = channel.recv_exit_status()
+    transport = channel.get_transport()
     if status == -1 and (transport is None or not transport.is_active()):
         silent = user_timeout_ms(launcher.session.link_timeout) / 1000  # what its socket was given
         launcher.lost = lost_reason(silent)
