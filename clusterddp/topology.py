@@ -94,7 +94,8 @@ def derive_port(run_id: str) -> int:
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
-    """A port the kernel says is free now (single node: nobody else needs to agree)."""
+    """A port the kernel says is free now, here: for a single node, or for node 0 that picks
+    the next master port and tells the others (stepcoord's restart in place)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((addr, 0))
         return int(sock.getsockname()[1])

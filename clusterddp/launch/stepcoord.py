@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping
@@ -42,7 +41,7 @@ from clusterddp.launch.coordinate import AttemptEnded, Restart
 from clusterddp.launch.peers import SharedRunDir
 from clusterddp.launch.verdict import Failure, will_repeat
 from clusterddp.spec import RestartOnSpec
-from clusterddp.topology import Topology
+from clusterddp.topology import Topology, free_port
 from clusterddp.validate import read_small_file
 
 #: Seconds between two looks for the decision (nodes K) or for the nodes' ends (node 0).
@@ -253,7 +252,7 @@ class StepCoordinator:
         absent = [end.node for end in ends.values() if not end.waits]
         if absent:  # it did not see node 0's acknowledgement yet: it has ended, the step with it
             return stop(f"node(s) {', '.join(map(str, absent))} do not wait for node 0: the batch script decides")
-        return Decision(attempt, True, _free_port(), cause, False, failed_at)
+        return Decision(attempt, True, free_port(""), cause, False, failed_at)  # node 0 runs rank 0
 
     def _wait_decision(self, attempt: int, stopping: Callable[[], bool]) -> Decision | None:
         """Node K: poll for node 0's decision; None when it does not come in time."""
@@ -314,13 +313,6 @@ def _decision(data: Mapping[str, object], attempt: int) -> Decision | None:
         return None
     return Decision(attempt, bool(data["restart"]), port, why, data.get("final") is True,
                     float(failed_at) if failed_at is not None else None)
-
-
-def _free_port() -> int:
-    """A port free on this node (node 0 runs rank 0, which listens on the master port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _read_json(path: str) -> dict[str, object] | None:
