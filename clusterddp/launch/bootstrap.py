@@ -210,14 +210,21 @@ def _hide_from_orig_argv(bootstrap: list[str]) -> None:
 
 # -- the end of a script, as Python's main ends it ----------------------------------------------
 
+#: A C long (LP64): what ``PyLong_AsLong`` takes without an OverflowError.
+_C_LONG_MIN, _C_LONG_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _system_exit_status(exc: SystemExit) -> int:
-    """The status ``sys.exit(code)`` gives: None 0, an int itself, anything else printed to
-    stderr and 1 (Python's handle_system_exit)."""
+    """The status ``sys.exit(code)`` gives, as CPython's ``_Py_HandleSystemExit``: None 0; an
+    int (bools and int subclasses too) through ``PyLong_AsLong``, so one past a C long is -1
+    (exit 255, never 0: ``2**63 & 0xFF`` would be); anything else printed to stderr and 1.
+    ``end`` keeps the low 8 bits, as ``exit()``."""
     code = exc.code
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        # compared, not ``in range(...)``: that walks the range for an int subclass
+        return int(code) if _C_LONG_MIN <= code <= _C_LONG_MAX else -1
     try:
         sys.stderr.write(f"{code}\n")
     except Exception:  # noqa: BLE001 (a closed stderr: the status still says it)

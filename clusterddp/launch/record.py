@@ -57,5 +57,9 @@ def exit_code_of(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return 130
     if isinstance(exc, SystemExit):
-        return exc.code if isinstance(exc.code, int) else 1
+        code = exc.code
+        if code is None:
+            return 0
+        # as CPython: an int past a C long exits 255 (PyLong_AsLong's -1), never its low bits
+        return (int(code) if -(1 << 63) <= code < 1 << 63 else -1) & 0xFF if isinstance(code, int) else 1
     return 1
