@@ -322,7 +322,12 @@ def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str,
     """
     import json
 
-    data: dict[str, object] = {"pid": os.getpid(), "host": host, "run_id": run_id, "ranks": list(ranks)}
+    from clusterddp.procid import this_process
+
+    me = this_process()
+    # pid, start time and boot id together: a stale file's pid may name a stranger by then
+    data: dict[str, object] = {**me.as_record(), "host": host, "hostname": me.host, "run_id": run_id,
+                               "ranks": list(ranks)}
     if hosts is not None:
         data["hosts"] = list(hosts)
     from clusterddp.atomicfile import WriteError, write_atomically
@@ -333,23 +338,58 @@ def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str,
         pass
 
 
+class BadLauncherFile(ValueError):
+    """A ``launcher.json`` that cannot be a launcher's record; the message says why."""
+
+
+#: No launcher writes a record this big; a bigger file is not one (nor read into memory).
+LAUNCHER_FILE_MAX_BYTES = 64 * 1024
+
+
 def read_launcher_file(run_dir: str) -> dict[str, Any] | None:
-    """The ``launcher.json`` of ``run_dir``; None when there is none."""
+    """The ``launcher.json`` of ``run_dir``; None when there is none.
+
+    Raises BadLauncherFile for anything a launcher never writes: not a regular file (a FIFO
+    would block the read), too big, not UTF-8, not JSON (or nested past the parser's depth),
+    not an object. Its pid is not checked here: ``clusterddp.procid`` does that.
+    """
     import json
 
+    from clusterddp.validate import read_small_file
+
     path = os.path.join(run_dir, LAUNCHER_FILE)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
-    with open(path) as f:
-        data = json.load(f)
-    return data if isinstance(data, dict) else {}
+    try:
+        raw = read_small_file(path, LAUNCHER_FILE_MAX_BYTES)
+    except ValueError as exc:
+        raise BadLauncherFile(str(exc)) from None
+    except OSError as exc:
+        raise BadLauncherFile(f"cannot be read ({exc.strerror})") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadLauncherFile("is not UTF-8 text") from None
+    except RecursionError:
+        raise BadLauncherFile("is nested too deeply") from None
+    except ValueError as exc:
+        raise BadLauncherFile(f"is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(data, dict):
+        raise BadLauncherFile("is not a JSON object")
+    return data
 
 
 def launcher_files(log_dir: str) -> list[str]:
     """Every run's ``launcher.json`` under ``log_dir``, newest first."""
     import glob
 
-    return sorted(glob.glob(os.path.join(log_dir, "*", LAUNCHER_FILE)), key=os.path.getmtime, reverse=True)
+    def modified(path: str) -> float:
+        try:  # lstat: a link to a FIFO or /dev/zero is not followed; a file gone since: last
+            return os.lstat(path).st_mtime
+        except OSError:
+            return float("-inf")
+
+    return sorted(glob.glob(os.path.join(glob.escape(log_dir), "*", LAUNCHER_FILE)), key=modified, reverse=True)
 
 
 def write_stacks_report(text: str, directory: str | os.PathLike[str]) -> str:

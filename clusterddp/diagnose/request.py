@@ -9,40 +9,90 @@ All three (the file, the signal, the report's name) are ``clusterddp.protocol``'
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.errors import ClusterDDPError
-from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, launcher_files, read_launcher_file,
-                                 stacks_reports)
+from clusterddp.procid import NotTheProcess, ProcessIdentity, boot_id, signal_process, start_time, valid_pid
+from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, BadLauncherFile, launcher_files,
+                                 read_launcher_file, stacks_reports)
+from clusterddp.validate import escape_controls, shown
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+@dataclass(frozen=True)
+class LauncherRecord:
+    """A run's ``launcher.json``, checked: the process it names, and the run it answers for."""
+
+    run_dir: str
+    run_id: str
+    process: ProcessIdentity
 
 
-def find_launcher(target: str | None, log_dir: str) -> tuple[str, dict[str, Any]]:
-    """The run directory and launcher.json of ``target`` (run id or dir), or the newest live run."""
+def _record(run_dir: str, data: dict[str, Any]) -> LauncherRecord:
+    """``data`` as a record; BadLauncherFile when a field is not what a launcher writes
+    (a pid of 0, -1, true or 1.5 would make ``kill`` reach a group or every process)."""
+    pid = valid_pid(data.get("pid"))
+    if pid is None:
+        raise BadLauncherFile(f"has no valid pid (got {shown(data.get('pid'), 40)})")
+    started, boot, host = data.get("start_time"), data.get("boot_id"), data.get("hostname")
+    if type(started) is not int or started < 0:
+        started = None
+    run_id = data.get("run_id")
+    return LauncherRecord(run_dir, run_id if isinstance(run_id, str) else os.path.basename(run_dir),
+                          ProcessIdentity(pid, started, boot if isinstance(boot, str) else None,
+                                          host if isinstance(host, str) else ""))
+
+
+def _read(run_dir: str) -> LauncherRecord | None:
+    data = read_launcher_file(run_dir)
+    return None if data is None else _record(run_dir, data)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """``text`` cut for one line: a 5,000-character run id is not echoed whole."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _bad_file_line(run_dir: str, exc: BadLauncherFile) -> str:
+    return f"{_short(os.path.join(run_dir, LAUNCHER_FILE), 200)}: {exc}"
+
+
+def find_launcher(target: str | None, log_dir: str) -> LauncherRecord:
+    """The checked launcher record of ``target`` (run id or dir), or of the newest run whose
+    launcher is provably still running. A broken file found while searching is skipped with
+    one line on stderr: one corrupt run must not hide every other."""
     if target:
         candidates = [target, os.path.join(log_dir, target)]
         for directory in candidates:
-            found = read_launcher_file(directory)
+            try:
+                found = _read(directory)
+            except BadLauncherFile as exc:
+                raise ClusterDDPError(f"cannot ask the run's launcher: {_bad_file_line(directory, exc)}") from None
             if found is not None:
-                return directory, found
-        raise ClusterDDPError(f"no running job found at {' or '.join(candidates)} (no {LAUNCHER_FILE})")
+                return found
+        shown_candidates = " or ".join(_short(c, 200) for c in candidates)
+        raise ClusterDDPError(f"no running job found at {shown_candidates} (no {LAUNCHER_FILE})")
     for path in launcher_files(log_dir):
-        data = read_launcher_file(os.path.dirname(path))
-        if data is not None and _alive(int(data.get("pid", 0))):
-            return os.path.dirname(path), data
-    raise ClusterDDPError(f"no running clusterddp job found under {log_dir}/",
+        run_dir = os.path.dirname(path)
+        try:
+            found = _read(run_dir)
+        except BadLauncherFile as exc:
+            print(f"clusterddp: skipped {escape_controls(_bad_file_line(run_dir, exc))}", file=sys.stderr)
+            continue
+        if found is not None and _running(found.process):
+            return found
+    raise ClusterDDPError(f"no running clusterddp job found under {_short(log_dir, 200)}/",
                           "give the run id or its log directory: clusterddp stacks RUN_ID")
+
+
+def _running(process: ProcessIdentity) -> bool:
+    """The recorded launcher is this host's, of this boot, and its pid was not reused."""
+    return (process.host == socket.gethostname() and process.boot_id is not None
+            and process.boot_id == boot_id() and process.start_time is not None
+            and process.start_time == start_time(process.pid))
 
 
 @dataclass(frozen=True)
@@ -57,15 +107,18 @@ class StacksOptions:
 
 def stacks_main(options: StacksOptions) -> int:
     """Ask the run's launcher for every worker's stack; print the grouped report."""
-    run_dir, data = find_launcher(options.target, options.log_dir)
-    pid = int(data["pid"])
-    if not _alive(pid):
-        raise ClusterDDPError(f"the launcher of run {data.get('run_id')} (pid {pid}) is not running")
-    before = stacks_reports(run_dir, pid)
-    os.kill(pid, STACKS_REQUEST_SIGNAL)
+    record = find_launcher(options.target, options.log_dir)
+    run = _short(record.run_id)
+    pid = record.process.pid
+    before = stacks_reports(record.run_dir, pid)
+    try:
+        signal_process(record.process, STACKS_REQUEST_SIGNAL)
+    except NotTheProcess as exc:
+        raise ClusterDDPError(f"not signalling the launcher of run {run} (pid {pid}): {exc}",
+                              "nothing was signalled; a stale launcher.json names a process that has ended") from None
     deadline = time.monotonic() + options.timeout
     while time.monotonic() < deadline:
-        new = sorted(stacks_reports(run_dir, pid) - before)
+        new = sorted(stacks_reports(record.run_dir, pid) - before)
         if new:
             time.sleep(0.1)  # the launcher writes the file in one go; let it finish
             with open(new[-1], encoding="utf-8") as f:
@@ -73,4 +126,4 @@ def stacks_main(options: StacksOptions) -> int:
             print(f"(saved in {new[-1]})")
             return 0
         time.sleep(0.05)
-    raise ClusterDDPError(f"no stacks from run {data.get('run_id')} within {options.timeout:g}s")
+    raise ClusterDDPError(f"no stacks from run {run} within {options.timeout:g}s")

@@ -76,6 +76,13 @@ def test_stacks_on_demand_and_the_job_goes_on(job_dir: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert "ranks 0-3:" in result.stdout or all(f"rank {r}" in result.stdout for r in range(4))
         assert result.stdout.count("===== rank") == 4
+        for name, junk in (("broken", b"{"), ("binary", b"\xff\x00"), ("zero-pid", b'{"pid": 0}')):
+            (job_dir / "logs" / name).mkdir()  # newer than the live run: searched first
+            (job_dir / "logs" / name / "launcher.json").write_bytes(junk)
+        newest = cli("stacks", "--log-dir", str(job_dir / "logs"))  # no run id: the newest live run
+        assert newest.returncode == 0, newest.stderr
+        assert newest.stdout.count("===== rank") == 4
+        assert newest.stderr.count("clusterddp: skipped ") == 3, newest.stderr
         steps_then = (run / "rank0.log").read_text().count(" step ")
         assert wait_for(lambda: (run / "rank0.log").read_text().count(" step ") > steps_then + 2, timeout=60)
         assert proc.poll() is None
