@@ -2,6 +2,6 @@
 
 import sys
 
-from clusterddp.cli import main
+from clusterddp.entry import main
 
 sys.exit(main())

@@ -15,7 +15,7 @@ from dataclasses import asdict, fields
 import typing
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
-from clusterddp import __version__, validate
+from clusterddp import __version__, earlystop, validate
 from clusterddp.errors import ClusterDDPError
 from clusterddp.launch import flags
 
@@ -32,9 +32,14 @@ _Options = TypeVar("_Options")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m clusterddp``."""
+    if argv is None:  # the process's own command (not a call from Python): see earlystop
+        earlystop.install()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _dispatch(argv)
+    except earlystop.StoppedEarly as exc:  # what it started was cleaned up on the way here
+        print(f"clusterddp: stopped by {exc.name}", file=sys.stderr)
+        return 128 + exc.signum
     except ClusterDDPError as exc:
         from clusterddp.redact import scrub  # every secret read so far is masked in the one line
 

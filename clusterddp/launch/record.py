@@ -16,6 +16,7 @@ import socket
 
 from clusterddp import protocol
 from clusterddp.atomicfile import WriteError
+from clusterddp.earlystop import StoppedEarly
 from clusterddp.errors import ClusterDDPError, LaunchError
 from clusterddp.launch.logs import say
 
@@ -56,6 +57,8 @@ def exit_code_of(exc: BaseException) -> int:
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         return 130
+    if isinstance(exc, StoppedEarly):
+        return 128 + exc.signum
     if isinstance(exc, SystemExit):
         code = exc.code
         if code is None:

@@ -128,19 +128,29 @@ class LocalSupervisor:
         self._progressed: bool | None = None
 
     def run(self) -> int:
-        """Supervise to the end and return the launcher's exit code."""
+        """Supervise to the end and return the launcher's exit code.
+
+        The stop signals are ours from before the first worker to after the last line: one
+        that comes while the report is written asks for a stop that is already done, instead
+        of killing the launcher by the signal half-way through its report.
+        """
+        previous = self._install_signal_handlers()
+        try:
+            return self._run_all()
+        finally:
+            self._restore_signal_handlers(previous)
+
+    def _run_all(self) -> int:
         self.group.open()
         self._write_launcher_file()
         self.runlog.events.attempt = self.options.first_attempt  # a whole-job restart's launcher
         self.runlog.emit("run_start", job=self.options.job_name, ranks=[p.rank for p in self.plans],
                          restarts=self.options.restarts, hang_timeout=self.options.hang_timeout)
-        previous = self._install_signal_handlers()
         if self._watch is not None:
             self._watch.start()
         try:
             code, exits, root, attempts = self._run_with_restarts()
         finally:
-            self._restore_signal_handlers(previous)
             self.group.close()
         reason = self._hang_reason or self._peer_reason or self._stop_reason
         if not self._reported:

@@ -58,13 +58,13 @@ from pathlib import Path
 from tests.conftest import REPO
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"__main__"}),
+    frozenset({"__main__", "entry"}),
     frozenset({"cli"}),
     frozenset({"launch", "schedulers", "diagnose"}),
     frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile"}),
     frozenset({"errors", "exitcodes", "devices", "hostlist", "protocol", "validate", "redact", "affinity",
                "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp", "pack",
-               "progress", "events", "straggler", "procid"}),
+               "progress", "events", "straggler", "procid", "earlystop"}),
 )
 #: The command layer: its units never import each other.
 INDEPENDENT = LAYERS[2]
