@@ -26,7 +26,7 @@ from clusterddp.launch.peers import shared_run_dir
 from clusterddp.launch.report import WorkerExit, format_report
 from clusterddp.launch.restart import AttemptEnd, RestartPolicy, end_reason, exit_code
 from clusterddp.launch.runlog import RunLog
-from clusterddp.launch.verdict import Failure, failure_of, will_repeat
+from clusterddp.launch.verdict import VERDICT_WINDOW, Failure, failure_of, rank_ends, verdict, will_repeat
 from clusterddp.launch.waker import Waker
 from clusterddp.launch.warm import WarmStart
 from clusterddp.launch.watch import StdinWatch
@@ -126,6 +126,8 @@ class LocalSupervisor:
         #: Did a rank complete a step in the last attempt (the verdict's input, also sent to
         #: the SSH head in the result line); None: no attempt ended yet.
         self._progressed: bool | None = None
+        #: The running attempt may be followed by a restart (by us or whoever restarts nodes).
+        self._may_restart = False
 
     def run(self) -> int:
         """Supervise to the end and return the launcher's exit code.
@@ -219,13 +221,17 @@ class LocalSupervisor:
             failure = failure_of(code, root.signal_name if root else None, root.tail if root else (),
                                  hang=self._hang_reason is not None) if failed and not self._peer_reason else None
             self._progressed = self.runlog.progressed()
-            repeat = will_repeat(failure, bool(self._progressed), previous,
-                                 self.options.first_attempt + number - 1 if previous else None,
-                                 self.options.restart_on) if failure else None
+            repeat, spared = verdict(failure, bool(self._progressed), previous,
+                                     self.options.first_attempt + number - 1 if previous else None,
+                                     self.options.restart_on, rank_ends(exits)) if failure else (None, None)
             if backoff is not None and repeat:
                 self.console.say(f"clusterddp: not restarting: {repeat}")
                 backoff = None
+            elif backoff is not None and spared:
+                self.console.say(f"clusterddp: restarting: {spared}")
             why = repeat or end_reason(self.policy, number, code if failed else None, self._stop_reason)
+            if spared and backoff is not None:
+                why = f"{spared}: restarting"
             if failed and self.options.restarted_outside and self._stop_reason is None:
                 why = "whole-job restarts are decided by whoever started the nodes"
             self._attempt_ended(code, cause, failure, root, backoff, why)
@@ -315,6 +321,7 @@ class LocalSupervisor:
 
     def _run_once(self, attempt: int) -> tuple[list[WorkerExit], WorkerExit | None]:
         self._hang_reason = self._peer_reason = None
+        self._may_restart = attempt < self.options.restarts or self.options.restarted_outside
         self.group.new_attempt()
         self.hooks.new_attempt()
         self.runlog.attempt_started(self.options.first_attempt + attempt,
@@ -337,7 +344,9 @@ class LocalSupervisor:
                 return None
             failed = self.group.poll()
             if failed:
-                return min(failed, key=lambda e: e.at)
+                root = min(failed, key=lambda e: e.at)
+                self._let_peers_end(root)
+                return root
             if self.group.all_exited():
                 return None
             if isinstance(self.coordinator, PeerWatch):  # another node's attempt ended: so does ours
@@ -355,6 +364,23 @@ class LocalSupervisor:
             self.group.adopt_orphans()
             self._wake.wait(0.1)
             self._wake.clear()
+
+    def _let_peers_end(self, root: WorkerExit) -> None:
+        """Before tearing down after a failure that may be deterministic (a worker's own exit
+        before any step: its traceback is not read yet), give the other ranks up to
+        VERDICT_WINDOW to end by themselves: a bug in the code fails every rank within moments
+        of each other, a race between ranks leaves its peers running (``verdict.verdict``).
+        Only when a restart could follow; a killed rank, or a fault after progress, is torn
+        down at once."""
+        if not self._may_restart or root.signal_name or self.runlog.progressed() \
+                or self.options.restart_on.deterministic:
+            return
+        deadline = time.monotonic() + VERDICT_WINDOW
+        while not self.group.all_exited() and self._stop_reason is None and time.monotonic() < deadline:
+            self.group.poll()
+            self._wake.wait(0.02)
+            self._wake.clear()
+        self.group.poll()
 
     def _ending(self) -> bool:
         """Was the running attempt asked to end (``end_attempt``: the head's end word, or a

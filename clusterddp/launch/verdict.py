@@ -14,6 +14,13 @@ Judged deterministic, when no step completed in the attempt:
 - exit 2 with no exception: argparse rejected the arguments;
 - the same exception at the same place (file:line) as the attempt before.
 
+The first two judge one rank's failure; ``verdict`` then weighs every rank's: when a rank
+was healthy (stopped by clusterddp, or still running) or failed otherwise, the failure hit
+some ranks only, which is how a race between ranks fails (rank 1 lists a directory rank 0
+has not made yet), and it is restarted as a transient fault, with a line saying so. Every
+rank that ended by itself with the same failure, or the same failure in the next attempt:
+deterministic.
+
 Never deterministic: a worker killed by a signal (SIGKILL, the OOM killer, SIGTERM from
 outside), a hang, any failure after a step completed (a collective timeout, a lost peer).
 ``restart_on:`` in the job file widens or narrows this (``spec.RestartOnSpec``).
@@ -24,8 +31,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from clusterddp.exitcodes import PREEMPTED
+from clusterddp.launch.report import WorkerExit
 from clusterddp.spec import RestartOnSpec
 
 #: Exceptions that, before any progress, will be raised again by the same code and files.
@@ -68,6 +77,13 @@ class Failure:
             return False
         return (self.exception, self.where, self.exit_code) == (other.exception, other.where, other.exit_code)
 
+    def alike(self, other: Failure) -> bool:
+        """Two ranks failed the same way: the same exception at the same place, or (with no
+        traceback on either) the same exit code or signal."""
+        if self.exception is not None or other.exception is not None:
+            return (self.exception, self.where) == (other.exception, other.where)
+        return (self.exit_code, self.signal, self.hang) == (other.exit_code, other.signal, other.hang)
+
     def name(self) -> str:
         """``ImportError at train.py:3``, ``exit 2``, ``SIGKILL``."""
         if self.hang:
@@ -98,12 +114,92 @@ def failure_of(exit_code: int, signal: str | None, tail: Sequence[str], hang: bo
     return Failure(exit_code, message=lines[-1][:200] if lines else None)
 
 
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank's attempt ended, as the verdict needs it: the failure it ended with by
+    itself, or None when it was healthy (stopped by clusterddp, still running, or finished)."""
+
+    rank: int
+    failure: Failure | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"rank": self.rank, "failure": self.failure.__dict__ if self.failure else None}
+
+    @staticmethod
+    def from_json(data: object) -> RankEnd | None:
+        """The end ``data`` describes; None when it is not one (a peer's word is checked)."""
+        if not isinstance(data, Mapping) or type(data.get("rank")) is not int:
+            return None
+        failure = data.get("failure")
+        try:
+            return RankEnd(int(data["rank"]), Failure(**failure) if isinstance(failure, dict) else None)
+        except TypeError:
+            return None
+
+
+#: How long the other ranks get to end by themselves after a failure that looks
+#: deterministic, before they are stopped (``LocalSupervisor``): ranks that run the same code
+#: hit the same bug moments apart, even forked cold on a loaded machine.
+VERDICT_WINDOW = 3.0
+
+
+def rank_ends(exits: Sequence[WorkerExit]) -> list[RankEnd]:
+    """Each rank's end: its failure when it ended by itself with a non-zero exit; healthy when
+    it finished, saved a checkpoint on a stop (75), or was stopped by clusterddp."""
+    return [RankEnd(e.rank, None if e.stopped_by_us or e.returncode in (0, PREEMPTED)
+                    else failure_of(e.exit_code, e.signal_name, e.tail)) for e in exits]
+
+
+def spread(root: Failure, ends: Sequence[RankEnd]) -> str | None:
+    """Why ``root`` is one rank's failure and not every rank's: ``on rank 1 only; ranks 0 were
+    healthy``; None when every rank that ended failed like the root (or nothing is known).
+
+    A failure that depends on timing between ranks (a race on a directory only rank 0
+    creates) hits some ranks while their peers are fine; a failure in the code or its
+    environment hits every rank the same way (issue "judge a restart from every rank")."""
+    if not ends:
+        return None
+    alike = sorted(end.rank for end in ends if end.failure is not None and end.failure.alike(root))
+    other = sorted(end.rank for end in ends if end.failure is not None and not end.failure.alike(root))
+    healthy = sorted(end.rank for end in ends if end.failure is None)
+    if not healthy and not other:
+        return None
+    said = f"on {_ranks(alike)} only" if alike else "on one rank"
+    if healthy:
+        said += f"; {_ranks(healthy)} {'was' if len(healthy) == 1 else 'were'} healthy"
+    if other:
+        said += f"; {_ranks(other)} failed otherwise"
+    return said
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def verdict(failure: Failure, progressed: bool, previous: Failure | None, previous_attempt: int | None,
+            rule: RestartOnSpec, ends: Sequence[RankEnd] = ()) -> tuple[str | None, str | None]:
+    """``(why it will repeat, None)``: stop; ``(None, why not)``: the failure looked
+    deterministic but hit only some ranks, restart it and say why; ``(None, None)``: restart.
+
+    The same failure at the same place as the attempt before stops whatever the ranks say:
+    a race that loses twice the same way is not worth a third try.
+    """
+    repeat = will_repeat(failure, progressed, previous, previous_attempt, rule)
+    if repeat is None or failure.same_as(previous) or (failure.exception or "") in rule.never:
+        return repeat, None
+    lone = spread(failure, ends)
+    if lone is None:
+        return repeat, None
+    return None, f"{failure.name()} {lone}"
+
+
 def will_repeat(failure: Failure, progressed: bool, previous: Failure | None, previous_attempt: int | None,
                 rule: RestartOnSpec) -> str | None:
     """Why ``failure`` will repeat (the rest of ``not restarting: ...``), or None: restart it.
 
     ``progressed``: a step completed in this attempt; ``previous``: the failure of the attempt
-    before (number ``previous_attempt``), None for the first.
+    before (number ``previous_attempt``), None for the first. From one rank's failure alone:
+    ``verdict`` weighs every rank's.
     """
     name = failure.exception
     if name is not None and name in rule.never:

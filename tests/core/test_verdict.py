@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from clusterddp.launch.verdict import Failure, failure_of, will_repeat
+from clusterddp.launch.verdict import Failure, RankEnd, failure_of, verdict, will_repeat
 from clusterddp.spec import RestartOnSpec
 from tests.conftest import cli, cli_env, start_cli, wait_for, write_job
 
@@ -266,3 +266,71 @@ def test_an_attempt_without_any_progress_record_counts_as_progress_after_a_minut
     now[0] += UNSEEN_PROGRESS_AFTER
     assert runlog.progressed()
     runlog.close()
+
+
+#: A race between ranks (issue 37): rank 1 lists a directory rank 0 has not made yet. Rank 0
+#: is healthy (it runs until clusterddp stops it); ``fails`` says in which attempts rank 1 loses.
+RACE = ("import os, time\nattempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "if int(os.environ['RANK']) == 1 and attempt in {fails}:\n    os.listdir('/nonexistent-cddp-race/ck')\n"
+        "if attempt in {fails}:\n    time.sleep(300)\n")
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_failure_on_one_rank_while_its_peers_are_healthy_is_restarted(tmp_path: Path, ranks: int) -> None:
+    """FileNotFoundError before any progress is deterministic on every rank, not on one."""
+    done, events = _run(tmp_path, RACE.format(fails="(0,)"), ranks=ranks, grace_period=1)
+    assert done.returncode == 0, done.stderr
+    healthy = "rank 0 was" if ranks == 2 else f"ranks 0,{','.join(map(str, range(2, ranks)))} were"
+    line = f"clusterddp: restarting: FileNotFoundError at train.py:4 on rank 1 only; {healthy} healthy"
+    assert line in done.stderr, done.stderr
+    assert "not restarting" not in done.stderr
+    assert [(e["verdict"], e["why"]) for e in _ends(events)][1] == ("stop", "finished")
+    assert _ends(events)[0]["verdict"] == "restart"
+
+
+def test_a_race_that_fails_the_same_way_in_the_next_attempt_stops_then(tmp_path: Path) -> None:
+    done, events = _run(tmp_path, RACE.format(fails="(0, 1, 2)"), ranks=2, grace_period=1)
+    assert done.returncode == 1, done.stderr
+    assert "clusterddp: restarting: FileNotFoundError at train.py:4 on rank 1 only; rank 0 was healthy" in done.stderr
+    assert ("clusterddp: not restarting: the same FileNotFoundError at train.py:4 before any progress, "
+            "as in attempt 0") in done.stderr
+    assert [e["verdict"] for e in _ends(events)] == ["restart", "stop"]
+
+
+def test_the_same_failure_on_every_rank_stops_at_once(tmp_path: Path) -> None:
+    """Both ranks raise it by themselves: the bug is in the code, not in the timing."""
+    done, events = _run(tmp_path, "import os\nos.listdir('/nonexistent-cddp/ck')\n", ranks=4)
+    assert "clusterddp: not restarting: FileNotFoundError at train.py:2 before any progress" in done.stderr
+    assert [e["verdict"] for e in _ends(events)] == ["stop"]
+
+
+FNF = Failure(1, exception="FileNotFoundError", where="c_hf.py:26", message="FileNotFoundError: x")
+
+
+@pytest.mark.parametrize("ends, spared", [
+    ([RankEnd(0, FNF), RankEnd(1, FNF)], None),                                     # every rank: deterministic
+    ([RankEnd(0), RankEnd(1, FNF)], "FileNotFoundError at c_hf.py:26 on rank 1 only; rank 0 was healthy"),
+    ([RankEnd(0), RankEnd(1, FNF), RankEnd(2), RankEnd(3, FNF)],
+     "FileNotFoundError at c_hf.py:26 on ranks 1,3 only; ranks 0,2 were healthy"),
+    ([RankEnd(0, Failure(1, exception="KeyError", where="a.py:1")), RankEnd(1, FNF)],
+     "FileNotFoundError at c_hf.py:26 on rank 1 only; rank 0 failed otherwise"),
+    ([], None),                                                                      # nothing known: as before
+])
+def test_the_verdict_weighs_every_rank(ends: list[RankEnd], spared: str | None) -> None:
+    repeat, why = verdict(FNF, False, None, None, RestartOnSpec(), ends)
+    assert why == spared
+    assert (repeat is None) == (spared is not None)
+
+
+def test_a_lone_failure_that_repeats_or_is_listed_never_still_stops() -> None:
+    lone = [RankEnd(0), RankEnd(1, FNF)]
+    assert verdict(FNF, False, FNF, 0, RestartOnSpec(), lone)[0] is not None
+    assert verdict(FNF, False, None, None, RestartOnSpec(never=("FileNotFoundError",)), lone)[0] is not None
+    assert verdict(FNF, True, None, None, RestartOnSpec(), lone) == (None, None)  # after progress: restarted anyway
+
+
+def test_a_rank_end_from_a_peer_is_checked() -> None:
+    assert RankEnd.from_json(RankEnd(3, FNF).to_json()) == RankEnd(3, FNF)
+    assert RankEnd.from_json(RankEnd(2).to_json()) == RankEnd(2)
+    for bad in (None, [], {"rank": "1"}, {"rank": True}, {"rank": 1, "failure": {"bogus": 1}}):
+        assert RankEnd.from_json(bad) is None
