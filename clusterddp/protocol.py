@@ -244,7 +244,8 @@ def restart_marker(attempt: int) -> bytes:
 
 
 def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None, reason: str | None,
-                progressed: bool | None = None, waiting_after: int | None = None) -> str:
+                progressed: bool | None = None, waiting_after: int | None = None,
+                ranks: Sequence[dict[str, object]] = ()) -> str:
     """The ``CLUSTERDDP_RESULT`` line a launcher started by the head prints at its end.
 
     ``root_cause`` carries the failed worker's exit, signal and last lines (its traceback);
@@ -252,13 +253,16 @@ def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None,
     known). With them the head applies the restart verdict (``launch/verdict.py``) to the
     whole job exactly as a launcher alone applies it to its group. ``waiting_after``: the
     attempt that just failed, when the launcher (``--await-restart``) now waits for the head's
-    word instead of ending (``"waiting": true``)."""
+    word instead of ending (``"waiting": true``). ``ranks``: how each of its ranks ended
+    (``verdict.RankEnd``), so the head judges a failure from every rank of the job."""
     import json
 
     result: dict[str, object] = {"exit_code": exit_code, "host": host, "root_cause": root_cause, "reason": reason,
                                  "progressed": progressed}
     if waiting_after is not None:
         result.update(attempt=waiting_after, waiting=True)
+    if ranks:
+        result["ranks"] = list(ranks)
     return RESULT_MARKER.decode() + json.dumps(result)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from clusterddp.launch.report import WorkerExit
-from clusterddp.launch.verdict import Failure
+from clusterddp.launch.verdict import Failure, RankEnd
 from clusterddp.launch.workers import WorkerPlan
 from clusterddp.topology import Topology
 
@@ -34,6 +34,8 @@ class AttemptEnded:
     progressed: bool
     #: The hang's reason, when the attempt was found hung.
     hang: str | None
+    #: How each of this node's ranks ended (the verdict weighs every rank of the job).
+    ranks: tuple[RankEnd, ...] = ()
 
 
 @dataclass(frozen=True)

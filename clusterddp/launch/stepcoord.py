@@ -39,7 +39,7 @@ from clusterddp import exitcodes, protocol
 from clusterddp.atomicfile import WriteError, write_atomically
 from clusterddp.launch.coordinate import AttemptEnded, Restart
 from clusterddp.launch.peers import SharedRunDir
-from clusterddp.launch.verdict import Failure, will_repeat
+from clusterddp.launch.verdict import Failure, RankEnd, verdict
 from clusterddp.spec import RestartOnSpec
 from clusterddp.topology import Topology, free_port
 from clusterddp.validate import read_small_file
@@ -78,9 +78,13 @@ class NodeEnd:
     progressed: bool
     #: This node waits for node 0's decision (it saw node 0's acknowledgement).
     waits: bool
+    #: How each of this node's ranks ended: node 0 judges a failure from every rank's.
+    ranks: tuple[RankEnd, ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        data = asdict(self)
+        data["ranks"] = [end.to_json() for end in self.ranks]
+        return json.dumps(data)
 
     @staticmethod
     def from_json(data: Mapping[str, object]) -> NodeEnd | None:
@@ -88,11 +92,14 @@ class NodeEnd:
         try:
             failure = data.get("failure")
             failed_at = data.get("failed_at")
+            ranks = data.get("ranks")
+            read = [RankEnd.from_json(rank) for rank in ranks] if isinstance(ranks, list) else []
             end = NodeEnd(int(data["node"]), str(data["host"]),  # type: ignore[call-overload]
                           float(failed_at) if isinstance(failed_at, (int, float)) else None,
                           int(data["exit_code"]),  # type: ignore[call-overload]
                           Failure(**failure) if isinstance(failure, dict) else None,
-                          data.get("progressed") is True, data.get("waits") is True)
+                          data.get("progressed") is True, data.get("waits") is True,
+                          tuple(rank for rank in read if rank is not None))
         except (KeyError, TypeError, ValueError):
             return None
         return end
@@ -162,7 +169,7 @@ class StepCoordinator:
         failed_at = ended.root.at if ended.root is not None else (self.clock() if ended.hang else None)
         waits = self._waits(ended)
         end = NodeEnd(self.node, self.topology.host, failed_at, ended.exit_code, ended.failure, ended.progressed,
-                      waits)
+                      waits, ended.ranks)
         self._record(ended.attempt, end, None)
         if not self._write(end_name(ended.attempt, self.node), end.to_json()):
             waits = False
@@ -246,9 +253,13 @@ class StepCoordinator:
         previous, self._previous = self._previous, (attempt, root.failure if root else None)
         if root is not None and root.failure is not None:
             before = previous[1] if previous and previous[0] == attempt - 1 else None
-            repeat = will_repeat(root.failure, progressed, before, attempt - 1 if before else None, self.rule)
+            every_rank = [rank for end in ends.values() for rank in end.ranks]
+            repeat, spared = verdict(root.failure, progressed, before, attempt - 1 if before else None, self.rule,
+                                     every_rank)
             if repeat:
                 return stop(f"{repeat} (node {root.node}, {root.host})", final=True)
+            if spared:
+                self.say(f"clusterddp: restarting: {spared} (node {root.node}, {root.host})")
         absent = [end.node for end in ends.values() if not end.waits]
         if absent:  # it did not see node 0's acknowledgement yet: it has ended, the step with it
             return stop(f"node(s) {', '.join(map(str, absent))} do not wait for node 0: the batch script decides")
@@ -292,12 +303,12 @@ class StepCoordinator:
                 pass
             return
         if decision is not None and decision.final:
-            verdict, text = "stop", decision.why
+            said, text = "stop", decision.why
         else:
-            repeat = will_repeat(end.failure, end.progressed, None, None, self.rule) if end.failure else None
-            verdict, text = ("stop", repeat) if repeat else ("restart", end.failure.name() if end.failure else "")
+            repeat = verdict(end.failure, end.progressed, None, None, self.rule, end.ranks)[0] if end.failure else None
+            said, text = ("stop", repeat) if repeat else ("restart", end.failure.name() if end.failure else "")
         text = " ".join("".join(c for c in text if c.isprintable()).split())  # one line, for a shell's echo
-        line = f"{int(failed_at * 1000)} {attempt} {verdict} {text}\n"
+        line = f"{int(failed_at * 1000)} {attempt} {said} {text}\n"
         try:
             protocol.write_record(self.directory, self.node, protocol.RECORD_FAILURE, line)
         except WriteError as exc:

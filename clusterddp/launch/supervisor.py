@@ -163,7 +163,7 @@ class LocalSupervisor:
                 self.console.say(f"clusterddp:   {attempt.line()}")
         if self.options.report_json:
             self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason,
-                                   self._progressed))
+                                   self._progressed, ranks=[end.to_json() for end in rank_ends(exits)]))
         self.runlog.emit("run_end", exit_code=code)
         self.runlog.close()
         self.console.settle()
@@ -263,9 +263,11 @@ class LocalSupervisor:
         self._reported = True
         if self.options.report_json:
             self._emit(result_line(code, self.topology.host, root.to_json() if root else None, reason,
-                                   self._progressed, waiting_after=attempt))
+                                   self._progressed, waiting_after=attempt,
+                                   ranks=[end.to_json() for end in rank_ends(exits)]))
         told = self.coordinator.next_attempt(
-            AttemptEnded(attempt, code, root, failure, bool(self._progressed), self._hang_reason),
+            AttemptEnded(attempt, code, root, failure, bool(self._progressed), self._hang_reason,
+                         tuple(rank_ends(exits))),
             lambda: self._stop_reason is not None)
         if told is None or self._stop_reason is not None:
             return False
@@ -340,12 +342,15 @@ class LocalSupervisor:
             cause = self.group.check_reaper()  # its SIGCHLD woke us: replaced within ms
             if cause is not None:
                 self.request_stop(cause)
+            # another node's failure ends ours at once: that node gave its own ranks the
+            # verdict's window, and ours run the same code on the same clock
             if self._stop_reason is not None or self._hang_reason is not None or self._ending():
                 return None
             failed = self.group.poll()
             if failed:
                 root = min(failed, key=lambda e: e.at)
-                self._let_peers_end(root)
+                if not root.signal_name:  # a killed rank is never deterministic: at once
+                    self._let_ranks_end()
                 return root
             if self.group.all_exited():
                 return None
@@ -365,15 +370,14 @@ class LocalSupervisor:
             self._wake.wait(0.1)
             self._wake.clear()
 
-    def _let_peers_end(self, root: WorkerExit) -> None:
+    def _let_ranks_end(self) -> None:
         """Before tearing down after a failure that may be deterministic (a worker's own exit
-        before any step: its traceback is not read yet), give the other ranks up to
-        VERDICT_WINDOW to end by themselves: a bug in the code fails every rank within moments
-        of each other, a race between ranks leaves its peers running (``verdict.verdict``).
-        Only when a restart could follow; a killed rank, or a fault after progress, is torn
-        down at once."""
-        if not self._may_restart or root.signal_name or self.runlog.progressed() \
-                or self.options.restart_on.deterministic:
+        before any step: its traceback is not read yet), give the
+        other ranks up to VERDICT_WINDOW to end by themselves: a bug in the code fails every
+        rank within moments of each other, a race between ranks leaves its peers running
+        (``verdict.verdict``). Only when a restart could follow; a killed rank, or a fault
+        after progress, is torn down at once."""
+        if not self._may_restart or self.runlog.progressed() or self.options.restart_on.deterministic:
             return
         deadline = time.monotonic() + VERDICT_WINDOW
         while not self.group.all_exited() and self._stop_reason is None and time.monotonic() < deadline:

@@ -155,3 +155,22 @@ def test_a_launcher_killed_while_waiting_falls_back_to_a_new_step(cluster: Slurm
     assert stamps["rank0.attempt1"][0] == "1" and stamps["rank0.attempt1"][1] != stamps["rank0.attempt0"][1]
     assert "restarting in place" not in log, log
     assert cluster.wait_clean(15) == {}
+
+
+def test_a_race_on_one_rank_of_four_is_restarted_in_place(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Rank 1 lists a directory rank 0 has not made yet, in attempt 0 only; ranks 0, 2, 3 are
+    healthy: node 0 judges from every node's ranks and restarts in place; the job completes."""
+    script = tmp_path / "race.py"
+    script.write_text("import os, time\nattempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                      "if int(os.environ['RANK']) == 1 and attempt == 0:\n    os.listdir('/nonexistent-cddp/ck')\n"
+                      "if attempt == 0:\n    time.sleep(300)\n")
+    job = write_job(tmp_path, "race", script, restarts=2)
+    job_id = submit(cluster, job)
+    info = cluster.wait_state(job_id, DONE, timeout=240)
+    log = batch_log(job, job_id)
+    print("".join(line + "\n" for line in log.splitlines() if line.startswith("clusterddp:")), end="")
+    assert info["JobState"] == "COMPLETED", log
+    assert re.search(r"clusterddp: restarting: FileNotFoundError at race\.py:4 on rank 1 only; ranks 0,2,3 were "
+                     r"healthy \(node 0, ", log), log
+    assert "not restarting" not in log, log
+    assert cluster.wait_clean(15) == {}

@@ -28,9 +28,9 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 ATTEMPT = "import os\nattempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
 
 
-def _job(lab: SSHLab, script: str, restarts: int = 2) -> Path:
+def _job(lab: SSHLab, script: str, restarts: int = 2, nproc_per_node: int = 1) -> Path:
     (lab.root / "train.py").write_text(script)
-    data = {"name": "v", "script": str(lab.root / "train.py"), "nproc_per_node": 1, "grace_period": 1,
+    data = {"name": "v", "script": str(lab.root / "train.py"), "nproc_per_node": nproc_per_node, "grace_period": 1,
             "restarts": restarts, "env": {"OMP_NUM_THREADS": "1"},
             "ssh": {"config_file": str(lab.ssh_config), "connect_timeout": 3}}
     path = lab.root / "v.yaml"
@@ -128,3 +128,20 @@ def test_gather_fetches_a_host_file_only_where_the_directory_is_not_shared(lab2:
     finally:
         for launcher in (far, near):
             launcher.session.close()
+
+
+def test_a_race_on_one_rank_of_four_is_restarted_by_the_head(lab2: SSHLab, head_factory: Callable[..., Head],
+                                                              tmp_path: Path) -> None:
+    """Rank 1 (the first host's second) fails before any progress in attempt 0 only, ranks 0, 2, 3 are
+    healthy: the head judges from every host's ranks, restarts, and the job finishes."""
+    job = _job(lab2, ATTEMPT + "if int(os.environ['RANK']) == 1 and attempt == 0:\n"
+               "    os.listdir('/nonexistent-cddp/ck')\nif attempt == 0:\n    import time; time.sleep(300)\n",
+               nproc_per_node=2)
+    head = head_factory(str(job), "--hostfile", str(lab2.hostfile), "--run-id", "race")
+    code = head.finish(180)
+    stderr = "\n".join(head.stderr)
+    assert code == 0, head.output()
+    assert re.search(r"^clusterddp: restarting: FileNotFoundError at train\.py:4 on rank 1 only; ranks 0,2,3 were "
+                     r"healthy$", stderr, re.M), stderr
+    assert "not restarting" not in stderr, stderr
+    assert lab2.wait_clean(5)[0]

@@ -299,10 +299,12 @@ def _restart_backoff(launch: Launch, attempts: list[Attempt], outcome: Outcome, 
     failure that will repeat, said in one line); the attempt's end goes to the event log."""
     number = attempts[-1].number
     backoff = next_backoff(attempts, launch.job.restarts, stopping=stop.signum is not None)
-    repeat = log.judge(outcome, number)
+    repeat, spared = log.judge(outcome, number)
     if backoff is not None and repeat:
         launch.console.say(f"not restarting: {repeat}")
         backoff = None
+    elif backoff is not None and spared:
+        launch.console.say(f"restarting: {spared}")
     log.attempt_ended(number, outcome, backoff, repeat, outcome.stop_reason if stop.signum is not None else None)
     return backoff
 

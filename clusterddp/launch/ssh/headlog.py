@@ -20,8 +20,8 @@ from typing import Sequence
 
 from clusterddp.events import EventLog
 from clusterddp.launch.restart import RestartPolicy, end_reason
-from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, progressed, verdict_failure
-from clusterddp.launch.verdict import Failure, will_repeat
+from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, progressed, rank_ends, verdict_failure
+from clusterddp.launch.verdict import Failure, verdict
 from clusterddp.spec import JobSpec
 
 
@@ -51,16 +51,18 @@ class HeadLog:
             self.events.attempt = number
         self.emit("attempt_start", ranks=ranks, hosts=list(hosts))
 
-    def judge(self, outcome: Outcome, number: int) -> str | None:
-        """Why the attempt's failure will repeat (the rest of ``not restarting: ...``), or None.
+    def judge(self, outcome: Outcome, number: int) -> tuple[str | None, str | None]:
+        """``verdict.verdict`` on the attempt's failure, from every host's ranks: why it will
+        repeat (the rest of ``not restarting: ...``), or why a failure that looked
+        deterministic is restarted (``restarting: ...``: it hit some ranks only).
 
         Remembers the failure for the next attempt's judgement ("the same ... as in attempt N").
         """
         failure = verdict_failure(outcome)
-        repeat = will_repeat(failure, progressed(outcome.launchers), self._previous, self._previous_number,
-                             self.job.restart_on) if failure is not None else None
+        said = verdict(failure, progressed(outcome.launchers), self._previous, self._previous_number,
+                       self.job.restart_on, rank_ends(outcome.launchers)) if failure is not None else (None, None)
         self._previous, self._previous_number = failure, number
-        return repeat
+        return said
 
     def attempt_ended(self, number: int, outcome: Outcome, backoff: float | None, repeat: str | None,
                       stopping: str | None) -> None:

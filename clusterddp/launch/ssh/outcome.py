@@ -25,7 +25,7 @@ from typing import Any, Sequence, TypeVar
 
 from clusterddp import exitcodes
 from clusterddp.launch.logs import visible_text
-from clusterddp.launch.verdict import Failure, failure_of
+from clusterddp.launch.verdict import Failure, RankEnd, failure_of
 
 #: Exit code when a host is lost (ssh's own convention for connection errors).
 HOST_LOST = 255
@@ -176,6 +176,17 @@ def verdict_failure(outcome: Outcome) -> Failure | None:
     return failure_of(code if isinstance(code, int) else root.exit_code or 1,
                       cause.get("signal") if isinstance(cause.get("signal"), str) else None,
                       [str(line) for line in tail] if isinstance(tail, list) else [])
+
+
+def rank_ends(hosts: Sequence[HostState]) -> list[RankEnd]:
+    """How every rank of the job ended, as each host's launcher said in its result line (a
+    host that said nothing, lost or cut off, adds nothing: its ranks are not known)."""
+    ends: list[RankEnd] = []
+    for host in hosts:
+        said = host.result.get("ranks") if host.result is not None else None
+        if isinstance(said, list):
+            ends += [end for end in map(RankEnd.from_json, said) if end is not None]
+    return ends
 
 
 def progressed(hosts: Sequence[HostState]) -> bool:
