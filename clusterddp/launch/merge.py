@@ -9,15 +9,17 @@ How a line travels:
 - it is held at most ``WINDOW`` seconds, waiting for its twins from other ranks; a group that
   every expected rank joined goes out at once, so a warning all ranks print costs no wait;
 - held lines form one console order, arrival order where nothing forbids it; each rank's
-  lines on each stream keep their order in it. A rank's line joins any held group of the same
-  line that it is not in yet and that does not come, by some rank's order, before the rank's
-  own latest held line: rank 0 printing ``same`` then ``mine 0``, and rank 1 printing ``mine 1``
-  (held) then ``same``, give ``mine 1``, ``[ranks 0-1] same``, ``mine 0``. Where the group sits
+  lines on each stream keep their order in it. A rank's line joins the oldest held group of
+  the same line that it is not in yet and that need not come before one of the rank's own
+  held lines: rank 0 printing ``same`` then ``mine 0``, and rank 1 printing ``mine 1`` (held)
+  then ``same``, give ``mine 1``, ``[ranks 0-1] same``, ``mine 0``. Where the group sits
   before that line, the lines between are reordered as little as needed (the group and what
-  must follow it move behind what must precede the new line; Pearce and Kelly's dynamic
+  must follow it move behind what must precede the new line: Pearce and Kelly's dynamic
   topological order), so a line that every rank prints and follows with one of its own is
-  merged however the ranks' lines interleave. A rank never joins a group its own earlier line
-  must follow and precede at once; that line then starts a group of its own;
+  merged however the ranks' lines interleave. The one group a line cannot join is one that
+  some rank's order puts before the line's own rank's earlier line (rank 0 ``a``, ``b``; rank
+  1 ``b``, ``a``: rank 0's ``a`` precedes ``[ranks 0-1] b``, which precedes rank 1's ``a``);
+  that line starts a group of its own;
 - a group goes out at its first line's deadline, or when every expected rank joined it, and
   takes out every line ahead of it in the console order;
 - a line only one rank printed goes out as it would without merging, label and all, at most
