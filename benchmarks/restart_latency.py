@@ -11,18 +11,18 @@ on the same script, interleaved round by round so a busy moment hurts all alike.
     .venv/bin/python benchmarks/restart_latency.py [--rounds 5] [--before /work/main]
 
 With ``--ssh`` the same script runs over SSH instead, on the test bed of tests/ssh (2 sshd hosts,
-each a network namespace; needs root; take the bed's lock): 1 gloo worker per host, rank 1
+each a network namespace; needs root; the bed holds /run/cdssh.lock itself): 1 gloo worker per host, rank 1
 SIGKILLed at step 20, `restarts: 1`, the job's defaults otherwise; the head (this checkout, and
 ``--before``'s) restarts the whole job, from the kill to rank 0's first step of attempt 1:
 
-    flock /tmp/cddp-testbed.lock .venv/bin/python benchmarks/restart_latency.py --ssh [--before /work/main]
+    .venv/bin/python benchmarks/restart_latency.py --ssh [--before /work/main]
 
 ``--slurm``: the same on the SLURM test bed instead (tests/testbed/slurm_cluster.py: root,
-slurmctld/slurmd in network namespaces; hold /tmp/cddp-testbed.lock): 2 nodes x 1 worker,
+slurmctld/slurmd in network namespaces; the bed holds /run/cdslurm.lock itself): 2 nodes x 1 worker,
 `restarts: 1`, default settings, submitted with `clusterddp submit slurm`; the kill to the
 next attempt's first step, this checkout and ``--before``'s, interleaved round by round.
 
-``--ssh-dead-host``: a dead host over SSH, on a 3-host bed of tests/ssh (root; hold the lock):
+``--ssh-dead-host``: a dead host over SSH, on a 3-host bed of tests/ssh (root; /run/cdssh.lock):
 job ``nodes: "2:3"``, 1 gloo worker per host, `restarts: 1`, the job's defaults otherwise
 (``--grace-period S`` sets grace_period; the tests use 2). At step 20 of attempt 0 the rank on
 the last host writes OUT/dying and goes on; the benchmark then cuts that host's link and
@@ -36,7 +36,7 @@ costs). Each run has its own run id, must leave nothing running on any host (a l
 fails it), and the dead host is brought back (link up, sshd restarted) for the next one;
 ``--before`` and ``--rounds`` as above:
 
-    flock /tmp/cddp-testbed.lock .venv/bin/python benchmarks/restart_latency.py --ssh-dead-host [--grace-period 2]
+    .venv/bin/python benchmarks/restart_latency.py --ssh-dead-host [--grace-period 2]
 
 Target (issue 25): clusterddp's median <= 1.5 s on a 2-core machine, on one node, over SSH and
 under SLURM; a dead host over SSH (link cut) <= grace_period + 2 s.

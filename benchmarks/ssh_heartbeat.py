@@ -12,7 +12,7 @@ per host. The second is the honest one and the noisy one on shared cores. Detect
 heartbeats going, one host's veth goes down; the time until its transport ends is how long
 the head takes to notice (the relay's loop sees it on its next 0.1 s turn).
 
-    sudo flock /tmp/cddp-testbed.lock .venv/bin/python benchmarks/ssh_heartbeat.py [--hosts 16] [--seconds 10]
+    sudo .venv/bin/python benchmarks/ssh_heartbeat.py [--hosts 16] [--seconds 10]
 """
 
 from __future__ import annotations
