@@ -304,9 +304,11 @@ def failspank(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_step_whose_tasks_never_launch_fails_the_job(cluster: SlurmCluster, failspank: Path, tmp_path: Path) -> None:
-    """A SPANK plugin stops every task's launch and srun exits 0: the attempt fails naming both nodes and
-    srun's error, restarts: 1 runs it once more, and the job ends FAILED with exit 1, not COMPLETED."""
-    job = write_job(tmp_path, "nolaunch", REPO / "jobs" / "hello.py", restarts=1)
+    """A SPANK plugin stops every task's launch and srun exits 0: the attempt fails naming both nodes,
+    the plugin's own error (only in slurmd's log) and srun's; restarts: 3 runs it once more, and since
+    it failed the same way on every node before any worker ran, not a third time: the job ends
+    FAILED with exit 1, not COMPLETED."""
+    job = write_job(tmp_path, "nolaunch", REPO / "jobs" / "hello.py", restarts=3)
     with spank.plugin_added(cluster.conf, f"required {failspank}"):
         job_id = submit(cluster, job)
         info = cluster.wait_state(job_id, DONE, timeout=120)
@@ -315,11 +317,16 @@ def test_a_step_whose_tasks_never_launch_fails_the_job(cluster: SlurmCluster, fa
     print(f"job {job_id}: JobState={info['JobState']} ExitCode={info['ExitCode']}")
     assert spank.LAUNCH_FAILED in log, log
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
-    never = (r"clusterddp: attempt {}: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2; "
+    never = (r"clusterddp: attempt {}: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2: "
+             r"failspank: refusing to start the task \(slurmd's log on cdslurm1\); "
              r"srun exited 0; srun's last error: srun: error: task \d " + re.escape(spank.LAUNCH_FAILED) + "\n")
     assert re.search(never.format(0), log) and re.search(never.format(1), log), log
-    assert ("clusterddp: attempt 0 ended with exit status 1; left out: none; restart 1 of 1 in 1s on 2 node(s): "
+    assert ("clusterddp: attempt 0 ended with exit status 1; left out: none; restart 1 of 3 in 1s on 2 node(s): "
             "cdslurm1,cdslurm2\n") in log
+    assert ("clusterddp: attempt 1 ended with exit status 1; not restarting: the launch failed on every node before "
+            "any worker ran, the same way as attempt 0 (failspank: refusing to start the task): it will fail the same "
+            "way again (restart_on.deterministic: true retries it)\n") in log, log
+    assert "clusterddp: attempt 2" not in log
     assert re.search(r"clusterddp: final report: attempt 1 on 2 node\(s\) cdslurm1,cdslurm2: exit status 1 after", log)
     assert "hello from rank" not in log
     assert cluster.wait_clean(10) == {}
