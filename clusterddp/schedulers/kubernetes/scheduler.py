@@ -49,7 +49,7 @@ KINDS = {"trainjobs.trainer.kubeflow.org": "TrainJob", "jobsets.jobset.x-k8s.io"
          "pytorchjobs": "PyTorchJob"}
 #: The object itself is missing (a missing namespace or CRD has its own row).
 NOT_FOUND = "{0} not found"
-#: A name already taken (``create`` rewords it to name the job: clusterddp.schedulers.kubernetes.scheduler.taken).
+#: A name already taken (``create`` rewords it to name the job that holds it: ``taken`` below).
 EXISTS = "{0} already exists in that namespace: stop it first, or set kubernetes.name"
 NO_CRD = "the cluster does not know {0}: its CRD is not installed (see docs/kubernetes.md, 'Installing the CRDs')"
 #: kubectl's stderr -> one line, first match wins (kubectl v1.32.4's own words, recorded against a
