@@ -85,7 +85,8 @@ class RestartOnSpec:
     """Which failures ``restarts`` retries (launch/verdict.py). By default a failure that will
     repeat is not: SyntaxError, ImportError, NameError, a missing file, an assert, exit 2
     (argparse) before any step completed, or the same exception at the same place as the
-    attempt before with no step in between."""
+    attempt before with no step in between; on SLURM, a step that failed to launch on every
+    node the same way as the attempt before (templates/slurm.sbatch)."""
 
     #: True: retry those too (every failure is restarted, as before clusterddp judged them).
     deterministic: bool = False

@@ -92,6 +92,7 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         "min_nodes": str(low),
         "max_nodes": str(high),
         "restarts": q.integer(job.restarts, where, "restarts", maximum=MAX_COUNT),
+        "retry_same_launch": "1" if job.restart_on.deterministic else "0",
         "max_backoff": str(int(MAX_BACKOFF)),
         "doublings": str(math.ceil(math.log2(MAX_BACKOFF))),  # 1 << this is MAX_BACKOFF or more
         "preempted": str(PREEMPTED),

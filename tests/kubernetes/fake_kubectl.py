@@ -30,8 +30,9 @@ STDERR = {
     "forbidden": 'Error from server (Forbidden): error when creating "STDIN": trainjobs.trainer.kubeflow.org is '
                  'forbidden: User "alice" cannot create resource "trainjobs" in API group "trainer.kubeflow.org" '
                  'in the namespace "prod"',
-    "exists": 'Error from server (AlreadyExists): error when creating "STDIN": trainjobs.trainer.kubeflow.org '
-              '"cifar10" already exists',
+    # The object exists, its ConfigMap deleted by hand: the ConfigMap is created, the object refused.
+    "exists-object": 'Error from server (AlreadyExists): error when creating "STDIN": trainjobs.trainer.kubeflow.org '
+                     '"cifar10" already exists',
     "nocrd": 'error: resource mapping not found for name: "cifar10" namespace: "" from "STDIN": no matches for '
              'kind "TrainJob" in version "trainer.kubeflow.org/v1alpha1"\nensure CRDs are installed first',
     # The CRD removed while kubectl's discovery cache (~/.kube/cache) still lists it.
@@ -41,7 +42,18 @@ STDERR = {
                    'more than 63 characters',
 }
 #: Scenarios that refuse only the create of the job object: its ConfigMap is created first.
-OBJECT_ONLY = {"nocrd-object": "nocrd", "stale-cache": "stale-cache", "echo-secret": "echo-secret"}
+OBJECT_ONLY = {"nocrd-object": "nocrd", "stale-cache": "stale-cache", "echo-secret": "echo-secret",
+               "exists-object": "exists-object"}
+#: A second submit of the same name: the launcher's ConfigMap, created first, is refused (kubectl
+#: v1.32.4, shared/testbeds/kubernetes/README.md "submit twice"); which object holds the name:
+#: the resource ``get`` finds (None: only the ConfigMap is left).
+TAKEN = {"exists": "trainjobs.trainer.kubeflow.org", "exists-object": "trainjobs.trainer.kubeflow.org",
+         "exists-jobset": "jobsets.jobset.x-k8s.io", "exists-configmap-only": None}
+CONFIGMAP_EXISTS = ('Error from server (AlreadyExists): error when creating "STDIN": configmaps "{0}" already '
+                    'exists')
+#: ``kubectl create -o name`` / ``delete``: each kind as kubectl names it (singular.group).
+NAMES = {"ConfigMap": "configmap", "TrainJob": "trainjob.trainer.kubeflow.org", "JobSet": "jobset.jobset.x-k8s.io",
+         "PyTorchJob": "pytorchjob.kubeflow.org"}
 #: Scenarios of a cluster that lacks something: (what ``get``/``delete`` of the object say, what
 #: ``get pods`` says). kubectl lists no pods, rc 0, in a missing namespace or without the CRD.
 MISSING = {
@@ -51,9 +63,44 @@ MISSING = {
 }
 #: ``kubectl delete`` of an object in a missing namespace says only that the object is not found.
 DELETE_MISSING = {"nonamespace": 'Error from server (NotFound): {resource} "{name}" not found'}
-POD = {"metadata": {"name": "cifar10-node-0-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": "{i}"}},
+POD = {"metadata": {"name": "cifar10-node-0-{i}-{a}", "annotations": {"batch.kubernetes.io/job-completion-index": "{i}"},
+                    "labels": {"jobset.sigs.k8s.io/restart-attempt": "{n}"}},
        "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]}}
+#: Pod name suffix of each JobSet restart attempt ("restart": attempt 0's pods end, attempt 1's come).
+ATTEMPTS = ("x", "y")
 EMPTY_LIST = {"apiVersion": "v1", "items": [], "kind": "List", "metadata": {"resourceVersion": ""}}
+
+
+def singular(resource: str) -> str:
+    """``trainjobs.trainer.kubeflow.org`` as kubectl prints an object of it: ``trainjob.trainer.kubeflow.org``."""
+    plural, _, group = resource.partition(".")
+    return f"{plural.removesuffix('s')}.{group}"
+
+
+def json_out(value: object) -> None:
+    """``-o json`` as kubectl prints it: Go's json.MarshalIndent, 4 spaces, keys sorted."""
+    print(json.dumps(value, indent=4, sort_keys=True))
+
+
+def served(log_path: str) -> set[str]:
+    """The pods whose ``kubectl logs`` this fake has answered so far (from its own call log)."""
+    with open(log_path, encoding="utf-8") as log:
+        calls = [json.loads(line)["argv"] for line in log]
+    return {argv[-1] for argv in calls if "logs" in argv}
+
+
+def attempt_now(log_path: str) -> int:
+    """The JobSet's restart attempt: "restart" goes to attempt 1 once attempt 0's logs were read
+    (its pods ended); any other scenario stays at 0."""
+    if SCENARIO != "restart":
+        return 0
+    return 1 if {f"cifar10-node-0-{i}-x" for i in (0, 1)} <= served(log_path) else 0
+
+
+def pods_now(log_path: str) -> list[dict[str, object]]:
+    attempt = attempt_now(log_path)
+    return [json.loads(json.dumps(POD).replace("{i}", str(i)).replace("{a}", ATTEMPTS[attempt])
+                       .replace("{n}", str(attempt))) for i in (1, 0)]
 
 
 def out(data: bytes) -> None:
@@ -79,6 +126,15 @@ def main() -> int:
         # kubectl v1.32.4, shared/testbeds/kubernetes/README.md (job file namespace vs --namespace)
         return fail(f'error: the namespace from the provided object "{written.group(1)}" does not match the '
                     f'namespace "{given}". You must pass \'--namespace={written.group(1)}\' to perform this operation.')
+    name_in = re.search(r"^  name: \"?([^\"\n]+)\"?$", stdin, re.MULTILINE)
+    if SCENARIO in TAKEN and "create" in argv and configmap and SCENARIO != "exists-object":
+        return fail(CONFIGMAP_EXISTS.format(name_in.group(1) if name_in else "?"))
+    if SCENARIO in TAKEN and "get" in argv and "-o" in argv and argv[argv.index("-o") + 1] == "name":
+        after = argv[argv.index("get") + 1:]
+        if after[0] == TAKEN[SCENARIO]:
+            print(f"{singular(after[0])}/{after[1]}")
+            return 0
+        return fail(f'Error from server (NotFound): {after[0]} "{after[1]}" not found')
     if SCENARIO in OBJECT_ONLY:
         if "create" in argv and not configmap:
             return fail(STDERR[OBJECT_ONLY[SCENARIO]].replace("{secret}", os.environ.get("WANDB_API_KEY", "")))
@@ -92,32 +148,33 @@ def main() -> int:
         words = {"resource": after[0], "plural": after[0].split(".")[0], "name": after[1]}
         message = DELETE_MISSING.get(SCENARIO, MISSING[SCENARIO]) if verb == "delete" else MISSING[SCENARIO]
         return fail(message.format(**words))
-    if verb == "create" and configmap:
-        name = re.search(r"^  name: (\S+)$", stdin, re.MULTILINE)
-        print(f"configmap/{name.group(1) if name else '?'}")
-    elif verb == "create":
-        print("trainjob.trainer.kubeflow.org/cifar10")
+    if verb == "create":
+        print(f"{NAMES.get(kind.group(1) if kind else '', '?')}/{name_in.group(1) if name_in else '?'}")
     elif verb == "get" and SCENARIO == "not-utf8":
         out(b'{"kind": "TrainJob", "metadata": {"name": "caf\xe9"}}\n')
     elif verb == "get" and SCENARIO == "deep":
         out(b"[" * 200000 + b"]" * 200000 + b"\n")
     elif verb == "get" and after[0] == "pods":
-        items = [json.loads(json.dumps(POD).replace("{i}", str(i))) for i in (1, 0)]
+        items = pods_now(os.environ["FAKE_KUBECTL_LOG"])
         if SCENARIO == "pod-status-string":
             items[0]["status"] = "Running"
-        listing = EMPTY_LIST if SCENARIO in MISSING else {"apiVersion": "v1", "kind": "List", "items": items}
-        print(json.dumps(listing))
+        listing = EMPTY_LIST if SCENARIO in MISSING else {"apiVersion": "v1", "items": items, "kind": "List",
+                                                          "metadata": {"resourceVersion": ""}}
+        json_out(listing)
     elif verb == "get":
+        # Complete once every pod of the last attempt had its log read (its container ended).
+        pods = {str(p["metadata"]["name"]) for p in pods_now(os.environ["FAKE_KUBECTL_LOG"])}  # type: ignore[index]
+        complete = "True" if pods <= served(os.environ["FAKE_KUBECTL_LOG"]) else "False"
         status = "Running" if SCENARIO == "status-string" else {"conditions": [
             {"type": "Created", "status": "True", "reason": "JobSetCreated"},
-            {"type": "Complete", "status": "False"}]}
-        print(json.dumps({"kind": "TrainJob", "metadata": {"name": "cifar10"}, "status": status}))
+            {"type": "Complete", "status": complete}]}
+        json_out({"kind": "TrainJob", "metadata": {"name": "cifar10"}, "status": status})
     elif verb == "delete":
         named = [a for a in after if "/" in a]  # KIND/NAME, as kubectl prints them
         for kind_name, _, name in (a.partition("/") for a in named):
             print(f'{kind_name.split(".")[0]} "{name}" deleted')
-        if not named:
-            print('trainjob.trainer.kubeflow.org "cifar10" deleted')
+        if not named:  # RESOURCE NAME: kubectl names it singular.group
+            print(f'{singular(after[0])} "{after[1]}" deleted')
     elif verb == "logs":
         if SCENARIO == "log-latin1":
             out(b"epoch 1 caf\xe9 loss 2.1\n")

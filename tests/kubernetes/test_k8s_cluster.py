@@ -111,3 +111,16 @@ def test_server_accepts_every_flavor_on_dry_run(cluster: None) -> None:
         done = subprocess.run(["kubectl", "create", "--dry-run=server", "-f", "-"], input=manifest,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (flavor, done.stderr)
+
+
+def test_a_second_submit_names_the_job(namespace: str) -> None:
+    """Submitting jobs/cifar10.yaml as a jobset twice: the real server refuses the launcher's
+    ConfigMap first; the line names the jobset and how to stop it, and the first job is untouched."""
+    created = k8s_cli("submit", "k8s", "jobs/cifar10.yaml", "--flavor", "jobset", "--namespace", namespace).stdout.strip()
+    again = cli("submit", "k8s", "jobs/cifar10.yaml", "--flavor", "jobset", "--namespace", namespace,
+                env=cli_env(KUBECONFIG=os.environ["KUBECONFIG"], PYTHONPATH=str(REPO)))
+    assert (again.returncode, again.stderr) == (
+        2, f"clusterddp: error: kubectl: jobset cifar10 already exists in namespace {namespace}: stop it first "
+           f"(clusterddp stop k8s {created} --namespace {namespace}), or set kubernetes.name\n")
+    assert kubectl("get", "configmap", "cifar10-clusterddp", "-n", namespace, "-o", "name").stdout.strip()
+    k8s_cli("stop", "k8s", created, "--namespace", namespace)

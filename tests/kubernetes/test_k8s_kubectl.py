@@ -168,7 +168,7 @@ def test_status_refuses_a_bad_object_name(kubectl_env: dict[str, str], args: tup
 @pytest.mark.parametrize("scenario,fragment", [
     ("unreachable", "cannot reach the API server at localhost:8080: connection refused"),
     ("forbidden", 'forbidden: User "alice" cannot create resource "trainjobs"'),
-    ("exists", "cifar10 already exists in that namespace"),
+    ("exists", "trainjob cifar10 already exists in the context's namespace"),
     ("nocrd", "the cluster does not know TrainJob: its CRD is not installed"),
     ("nonamespace", "namespace nope does not exist"),
 ])
@@ -210,7 +210,7 @@ def test_kubectl_raw_words_become_the_cause(kubectl_env: dict[str, str], action:
 
 @pytest.mark.parametrize("action,scenario,line", [
     ("logs", "nonamespace", "kubectl: namespace nope does not exist"),
-    ("logs", "nocrd-get", f"kubectl: the cluster does not know trainjobs: {NO_CRD}"),
+    ("logs", "nocrd-get", f"kubectl: the cluster does not know TrainJob: {NO_CRD}"),
     ("logs", "gone", "kubectl: trainjob cifar10 not found in namespace nope"),
     ("stop", "nonamespace", "kubectl: namespace nope does not exist"),
     ("stop", "gone", "kubectl: trainjob cifar10 not found in namespace nope"),
@@ -284,7 +284,76 @@ def test_submit_masks_a_passthrough_value_kubectl_echoes(kubectl_env: dict[str, 
 def test_status_of_a_kind_the_server_lacks(kubectl_env: dict[str, str]) -> None:
     """status k8s against a server without the CRD: one line naming the missing resource type, exit 2."""
     done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": "nocrd-get"}, "status", "k8s", "cifar10")
-    assert done.returncode == 2 and "the cluster does not know trainjobs: its CRD is not installed" in done.stderr
+    assert done.returncode == 2 and "the cluster does not know TrainJob: its CRD is not installed" in done.stderr
+
+
+@pytest.mark.parametrize("action,scenario", [
+    ("submit", "stale-cache"), ("status", "nocrd-get"), ("logs", "nocrd-get"), ("stop", "nocrd-get")])
+def test_a_missing_crd_reads_the_same_from_every_action(kubectl_env: dict[str, str], action: str,
+                                                        scenario: str) -> None:
+    """Without the JobSet CRD, submit (kubectl: 'the server could not find the requested resource
+    (post jobsets.jobset.x-k8s.io)') and status, logs, stop (kubectl: 'the server doesn't have a
+    resource type "jobsets"') print the same line, naming the kind as the docs do."""
+    args = (JOB,) if action == "submit" else ("cifar10",)
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, action, "k8s", *args, "--flavor", "jobset")
+    assert (done.returncode, done.stderr, done.stdout) == (
+        2, f"clusterddp: error: kubectl: the cluster does not know JobSet: {NO_CRD}\n", ""), action
+
+
+@pytest.mark.parametrize("scenario,line", [
+    ("exists", "trainjob cifar10 already exists in namespace team-a: stop it first (clusterddp stop k8s "
+               "trainjob.trainer.kubeflow.org/cifar10 --namespace team-a), or set kubernetes.name"),
+    ("exists-jobset", "jobset cifar10 already exists in namespace team-a: stop it first (clusterddp stop k8s "
+                      "jobset.jobset.x-k8s.io/cifar10 --namespace team-a), or set kubernetes.name"),
+    ("exists-configmap-only", "the launcher ConfigMap cifar10-clusterddp of an earlier job cifar10 is left in "
+                              "namespace team-a, with no trainjob, jobset or pytorchjob cifar10 there: delete it "
+                              "(kubectl delete configmap/cifar10-clusterddp), or set kubernetes.name"),
+    ("exists-object", "trainjob cifar10 already exists in namespace team-a: stop it first (clusterddp stop k8s "
+                      "trainjob.trainer.kubeflow.org/cifar10 --namespace team-a), or set kubernetes.name"),
+])
+def test_a_second_submit_names_the_job_not_its_configmap(kubectl_env: dict[str, str], scenario: str,
+                                                          line: str) -> None:
+    """Submitting the same job twice: kubectl refuses the launcher's ConfigMap first ('configmaps
+    "cifar10-clusterddp" already exists'); the line names the job that holds the name (a trainjob,
+    or a jobset of the same name), or the ConfigMap left over without one, with the way out. The
+    other job's ConfigMap is never deleted; one this submit created is."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": scenario}, "submit", "k8s", JOB, "--namespace", "team-a")
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"clusterddp: error: kubectl: {line}\n", "")
+    deleted = [c["argv"] for c in calls(kubectl_env) if "delete" in c["argv"]]  # type: ignore[operator]
+    if scenario == "exists-object":
+        assert deleted == [["--namespace", "team-a", "delete", "configmap/cifar10-clusterddp", "--ignore-not-found",
+                            "--wait=false"]]
+    else:
+        assert deleted == []
+
+
+def test_logs_follow_the_pods_a_restart_creates(kubectl_env: dict[str, str]) -> None:
+    """A JobSet restart ends attempt 0's pods and creates attempt 1's under new names: logs k8s
+    follows those too, and returns once the object is complete and every stream ended."""
+    done = k8s_cli({**kubectl_env, "FAKE_KUBECTL_SCENARIO": "restart"}, "logs", "k8s", "cifar10")
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[node 0] hello from cifar10-node-0-0-x",
+                                                "[node 0] hello from cifar10-node-0-0-y",
+                                                "[node 1] hello from cifar10-node-0-1-x",
+                                                "[node 1] hello from cifar10-node-0-1-y"], done.stdout
+    assert "clusterddp: following pod cifar10-node-0-0-y (node 0), new since the start\n" in done.stderr
+
+
+def test_kubectl_whose_interpreter_is_missing_is_named(tmp_path: Path) -> None:
+    """A kubectl on PATH whose #! interpreter does not exist (exec says ENOENT, as for no file at
+    all): submit, status and logs say the file exists but cannot be executed, naming the
+    interpreter, exit 2; not 'not found on PATH'."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text("#!/nonexistent/python3 -u\nprint('hi')\n", encoding="utf-8")
+    kubectl.chmod(0o755)
+    env = cli_env(PATH=str(bin_dir), PYTHONPATH=str(REPO))
+    for args in (("submit", "k8s", JOB), ("status", "k8s", "cifar10"), ("logs", "k8s", "cifar10")):
+        done = cli(*args, env=env)
+        assert (done.returncode, done.stderr) == (
+            2, f"clusterddp: error: '{kubectl}' exists but cannot be executed: its interpreter '/nonexistent/python3' "
+               "(its #! line) does not exist (hint: fix its #! line, or put a kubectl that runs first on PATH)\n"), args
 
 
 def test_no_kubectl_on_path(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -304,9 +305,11 @@ def failspank(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_step_whose_tasks_never_launch_fails_the_job(cluster: SlurmCluster, failspank: Path, tmp_path: Path) -> None:
-    """A SPANK plugin stops every task's launch and srun exits 0: the attempt fails naming both nodes and
-    srun's error, restarts: 1 runs it once more, and the job ends FAILED with exit 1, not COMPLETED."""
-    job = write_job(tmp_path, "nolaunch", REPO / "jobs" / "hello.py", restarts=1)
+    """A SPANK plugin stops every task's launch and srun exits 0: the attempt fails naming both nodes,
+    the plugin's own error (only in slurmd's log) and srun's; restarts: 3 runs it once more, and since
+    it failed the same way on every node before any worker ran, not a third time: the job ends
+    FAILED with exit 1, not COMPLETED."""
+    job = write_job(tmp_path, "nolaunch", REPO / "jobs" / "hello.py", restarts=3)
     with spank.plugin_added(cluster.conf, f"required {failspank}"):
         job_id = submit(cluster, job)
         info = cluster.wait_state(job_id, DONE, timeout=120)
@@ -315,11 +318,50 @@ def test_a_step_whose_tasks_never_launch_fails_the_job(cluster: SlurmCluster, fa
     print(f"job {job_id}: JobState={info['JobState']} ExitCode={info['ExitCode']}")
     assert spank.LAUNCH_FAILED in log, log
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
-    never = (r"clusterddp: attempt {}: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2; "
+    never = (r"clusterddp: attempt {}: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2: "
+             r"failspank: refusing to start the task \(slurmd's log on cdslurm1\); "
              r"srun exited 0; srun's last error: srun: error: task \d " + re.escape(spank.LAUNCH_FAILED) + "\n")
     assert re.search(never.format(0), log) and re.search(never.format(1), log), log
-    assert ("clusterddp: attempt 0 ended with exit status 1; left out: none; restart 1 of 1 in 1s on 2 node(s): "
+    assert ("clusterddp: attempt 0 ended with exit status 1; left out: none; restart 1 of 3 in 1s on 2 node(s): "
             "cdslurm1,cdslurm2\n") in log
+    assert ("clusterddp: attempt 1 ended with exit status 1; not restarting: the launch failed on every node before "
+            "any worker ran, the same way as attempt 0 (failspank: refusing to start the task): it will fail the same "
+            "way again (restart_on.deterministic: true retries it)\n") in log, log
+    assert "clusterddp: attempt 2" not in log
     assert re.search(r"clusterddp: final report: attempt 1 on 2 node\(s\) cdslurm1,cdslurm2: exit status 1 after", log)
     assert "hello from rank" not in log
+    assert cluster.wait_clean(10) == {}
+
+
+def test_a_missing_container_image_is_not_restarted(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """container.image a bundle path that does not exist, runtime oci (SLURM's own support, oci.conf
+    with runc), restarts: 3: no launcher starts on either node; the attempt's line quotes why, and
+    the same launch failing the same way twice ends the job FAILED after attempt 1, not after 3."""
+    from tests.testbed import containers
+    if containers.unavailable_reason():
+        pytest.skip(str(containers.unavailable_reason()))
+    missing = tmp_path / "no-such-bundle"
+    job = write_job(tmp_path, "noimage", REPO / "jobs" / "hello.py", restarts=3,
+                    container={"runtime": "oci", "image": str(missing)})
+    # slurmstepd 22.05 crashes on the missing config.json after logging it: no core file in its cwd.
+    limits = {node.slurmd_pid: resource.prlimit(node.slurmd_pid, resource.RLIMIT_CORE) for node in cluster.nodes}
+    try:
+        for pid, (_, hard) in limits.items():
+            resource.prlimit(pid, resource.RLIMIT_CORE, (0, hard))
+        with containers.oci_conf(cluster.conf, cluster.root / "runc"):
+            job_id = submit(cluster, job)
+            info = cluster.wait_state(job_id, DONE, timeout=120)
+    finally:
+        for pid, limit in limits.items():
+            resource.prlimit(pid, resource.RLIMIT_CORE, limit)
+    log = batch_log(job, job_id)
+    print("".join(line + "\n" for line in log.splitlines() if line.startswith(("clusterddp:", "srun:", "slurmstepd:"))),
+          end="")
+    assert info["JobState"] == "FAILED", log
+    cause = f"_read_config: unable to open: {missing}/config.json"  # slurmstepd's, in slurmd's log only
+    assert (f"clusterddp: attempt 0: the launcher never started on 2 of 2 node(s): cdslurm1,cdslurm2: {cause} "
+            "(slurmd's log on cdslurm1); srun exited ") in log, log
+    assert re.search(r"clusterddp: attempt 1 ended with exit status \d+; not restarting: the launch failed on every "
+                     r"node before any worker ran, the same way as attempt 0", log), log
+    assert "clusterddp: attempt 2" not in log
     assert cluster.wait_clean(10) == {}

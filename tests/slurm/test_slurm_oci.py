@@ -262,7 +262,8 @@ def test_a_container_step_that_never_launches_fails_the_job(cluster: SlurmCluste
     log = batch_log(job, job_id)
     print("".join(line + "\n" for line in log.splitlines() if line.startswith("clusterddp:")), end="")
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
-    assert re.search(r"clusterddp: attempt 0: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2; "
+    assert re.search(r"clusterddp: attempt 0: the launcher never started on 2 of 2 node\(s\): cdslurm1,cdslurm2: "
+                     r"failspank: refusing to start the task \(slurmd's log on cdslurm1\); "
                      r"srun exited 0; srun's last error: srun: error: task \d " + re.escape(spank.LAUNCH_FAILED), log), log
     assert not list(tmp_path.glob("rank*.json"))
     assert_nothing_left(cluster, runtime)

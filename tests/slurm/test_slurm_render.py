@@ -13,7 +13,7 @@ import clusterddp
 from clusterddp.errors import ClusterDDPError, JobSpecError, SubmitError
 from clusterddp.schedulers import get_scheduler
 from clusterddp.schedulers.slurm import SlurmOptions, SlurmScheduler, render_sbatch
-from clusterddp.spec import JobSpec, load_job
+from clusterddp.spec import JobSpec, RestartOnSpec, load_job
 from tests.conftest import cli, cli_env
 from clusterddp import protocol
 from tests.slurm.stubs import launcher_records
@@ -176,6 +176,8 @@ STUBS = {
             'case "$code" in\n'
             '    usr1) kill -USR1 "$PPID"; sleep 0.2; code=143 ;;\n'
             f'    nolaunch) echo "{LAUNCH_FAILED.format(0)}" >&2; echo "{LAUNCH_FAILED.format(1)}" >&2; exit 0 ;;\n'
+            # a container runtime that fails in every task: what pyxis printed (PYXIS), srun exits 1
+            '    pyxis*) cat "$WORK/$code.txt" >&2; echo "srun: error: n1: task 0: Exited with exit code 1" >&2; exit 1 ;;\n'
             f'    half) echo "{LAUNCH_FAILED.format(1)}" >&2\n{launcher_records("0", nodes="1")}exit 0 ;;\n'
             f'    silent) {launcher_records("")}exit 0 ;;\n'
             # the launchers' failure records (stepcoord): "T_MS ATTEMPT restart|stop TEXT" per node
@@ -195,6 +197,7 @@ STUBS = {
                 '  "show hostnames "*) tr , "\\n" < "$WORK/hosts" ;;\n'
                 '  "-o show node "*) cat "$WORK/nodes" ;;\n'
                 '  requeue*) echo "$*" >> "$WORK/requeued" ;;\n'
+                '  "show config") [ ! -e "$WORK/slurmd-n1.log" ] || echo "SlurmdLogFile           = $WORK/slurmd-%n.log" ;;\n'
                 'esac\n',
     "squeue": 'cat "$WORK/hosts"\n',
     "sleep": 'echo "$1" >> "$WORK/sleeps"\n',
@@ -404,3 +407,102 @@ def test_records_left_by_an_earlier_job_with_the_same_id_do_not_count(tmp_path: 
     result, _ = run_restarts(tmp_path, "nolaunch")
     assert result.returncode == 1
     assert "the launcher never started on 2 of 2 node(s): n1,n2" in result.stderr
+
+
+# --- why a launch failed, and a launch that will fail again ----------------------------------
+
+#: What pyxis 0.24 prints into the batch log when its container cannot start, each line as its
+#: source writes it (slurm_error "pyxis:     %s" per line of enroot's log) and as public
+#: batch logs show it: the runtime's own cause sits a few lines above srun's generic one.
+PYXIS = {
+    "pyxis-mount": ("slurmstepd: error: pyxis: child 2345 failed with error code: 1\n"
+                    "slurmstepd: error: pyxis: failed to create container filesystem\n"
+                    "slurmstepd: error: pyxis: printing enroot log file:\n"
+                    "slurmstepd: error: pyxis:     [ERROR] Failed to mount: /images/missing.sqsh\n"
+                    "slurmstepd: error: pyxis: couldn't start container\n"
+                    "slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1\n"
+                    "slurmstepd: error: Failed to invoke spank plugin stack\n",
+                    "pyxis: [ERROR] Failed to mount: /images/missing.sqsh"),
+    "pyxis-hooks": ("0: slurmstepd: error: pyxis: container start failed with error code: 1\n"
+                    "0: slurmstepd: error: pyxis: printing enroot log file:\n"
+                    "0: slurmstepd: error: pyxis:     [ERROR] Failed to refresh the dynamic linker cache\n"
+                    "0: slurmstepd: error: pyxis:     [ERROR] /etc/enroot/hooks.d/87-slurm.sh exited with return "
+                    "code 1\n"
+                    "0: slurmstepd: error: pyxis: couldn't start container\n"
+                    "0: slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1\n"
+                    "0: slurmstepd: error: Failed to invoke spank plugin stack\n",
+                    "pyxis: [ERROR] Failed to refresh the dynamic linker cache"),
+    "pyxis-mkdir": ("pyxis: importing docker image: centos\n"
+                    "slurmstepd: error: pyxis: child 15352 failed with error code: 1\n"
+                    "slurmstepd: error: pyxis: failed to import docker image\n"
+                    "slurmstepd: error: pyxis: printing enroot log file:\n"
+                    "slurmstepd: error: pyxis:     mkdir: cannot create directory '/run/user/1000': Permission denied\n"
+                    "slurmstepd: error: pyxis: couldn't start container\n"
+                    "slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1\n"
+                    "slurmstepd: error: Failed to invoke spank plugin stack\n",
+                    "pyxis: mkdir: cannot create directory '/run/user/1000': Permission denied"),
+}
+#: slurmd's log on the node as SLURM 22.05 wrote it for failspank (tests/slurm/spank/failspank.c)
+#: failing at init, before the step's output is connected: its line is nowhere in the batch log.
+SLURMD_LOG = """[2026-11-28T23:36:42.604] launch task StepId=7.0 request from UID:0 GID:0 HOST:10.79.0.2 PORT:54782
+[2026-11-28T23:36:42.616] [7.0] error: failspank: refusing to start the task
+[2026-11-28T23:36:42.616] [7.0] error: spank: required plugin failspank.so: init() failed with rc=-1
+[2026-11-28T23:36:42.616] [7.0] error: Plugin stack initialization failed.
+[2026-11-28T23:36:42.616] [7.0] error: job_manager: exiting abnormally: Plugin initialization failed
+[2026-11-28T23:36:42.635] [7.0] done with job
+"""
+
+
+@pytest.mark.parametrize("shape", sorted(PYXIS))
+def test_a_launch_failure_names_the_runtimes_own_error(tmp_path: Path, shape: str) -> None:
+    """pyxis cannot start the container on either node: the attempt's line (and the final report)
+    quote the runtime's first error line from the batch log, not only srun's generic one."""
+    text, cause = PYXIS[shape]
+    (tmp_path / f"{shape}.txt").write_text(text)
+    result, calls = run_restarts(tmp_path, shape)
+    assert result.returncode == 1 and len(calls) == 1, result.stderr
+    assert (f"clusterddp: attempt 0: the launcher never started on 2 of 2 node(s): n1,n2: {cause} (batch log); "
+            "srun exited 1; srun's last error: srun: error: n1: task 0: Exited with exit code 1"
+            ) in result.stderr.splitlines(), result.stderr
+    assert f"; the launcher never started on n1,n2: {cause} (batch log)" in result.stderr
+
+
+def test_a_plugin_error_only_in_slurmds_log_is_named(tmp_path: Path) -> None:
+    """A SPANK plugin failing at its init (failspank; pyxis with a broken runtime_path) leaves only
+    srun's generic line in the batch log: the attempt's line quotes the plugin's own line from
+    slurmd's log on the first node, when the script can read it."""
+    (tmp_path / "slurmd-n1.log").write_text(SLURMD_LOG)
+    result, _ = run_restarts(tmp_path, "nolaunch")
+    assert ("clusterddp: attempt 0: the launcher never started on 2 of 2 node(s): n1,n2: failspank: refusing to "
+            f"start the task (slurmd's log on n1); srun exited 0; srun's last error: {LAUNCH_FAILED.format(1)}"
+            ) in result.stderr.splitlines(), result.stderr
+
+
+MOUNT = " (pyxis: [ERROR] Failed to mount: /images/missing.sqsh)"
+
+
+@pytest.mark.parametrize("exits,deterministic,attempts,cause", [
+    ("nolaunch,nolaunch,nolaunch,nolaunch", False, 2, ""),
+    ("pyxis-mount,pyxis-mount,pyxis-mount,pyxis-mount", False, 2, MOUNT),
+    ("pyxis-mount,nolaunch,nolaunch,nolaunch", False, 3, ""),
+    ("nolaunch,nolaunch,nolaunch,nolaunch", True, 4, None),
+    ("half,half,half,0", False, 4, None),
+])
+def test_a_launch_that_fails_the_same_way_again_is_not_restarted(tmp_path: Path, exits: str, deterministic: bool,
+                                                                  attempts: int, cause: str | None) -> None:
+    """restarts: 3. A step that failed on every node before any launcher ran, with the same error
+    as the attempt before (a missing image, a failing plugin), is not run again, with one line
+    why; restart_on.deterministic: true retries it; a different error, or a launch that failed on
+    one node only, is restarted as before."""
+    (tmp_path / "pyxis-mount.txt").write_text(PYXIS["pyxis-mount"][0])
+    result, calls = run_restarts(tmp_path, exits, restarts=3, restart_on=RestartOnSpec(deterministic=deterministic))
+    assert len(calls) == attempts, result.stderr
+    stopped = [line for line in result.stderr.splitlines() if "not restarting" in line]
+    if cause is None:
+        assert stopped == [], result.stderr
+    else:
+        last = attempts - 1
+        assert stopped == [f"clusterddp: attempt {last} ended with exit status 1; not restarting: the launch failed on "
+                           f"every node before any worker ran, the same way as attempt {last - 1}{cause}: it will "
+                           "fail the same way again (restart_on.deterministic: true retries it)"], result.stderr
+        assert result.returncode == 1

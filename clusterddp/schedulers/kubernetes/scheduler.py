@@ -20,13 +20,13 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field, replace
 from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.redact import register_present, scrub
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.kubernetes.follow import Follow, finished
 from clusterddp.schedulers.kubernetes.launcher import configmap_name
 from clusterddp.schedulers.kubernetes.render import render_documents
 from clusterddp.sections import k8s_names
@@ -41,11 +41,16 @@ POD_SELECTORS = {"trainjob": "jobset.sigs.k8s.io/jobset-name", "jobset": "jobset
                  "pytorchjob": "training.kubeflow.org/job-name"}
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TIMEOUT = 60.0
-#: The kind of each flavor's resource, as a message names it ("the cluster does not know JobSet").
+#: The kind of each flavor's resource, as a message names it ("the cluster does not know JobSet"),
+#: whichever way kubectl spelt it: ``post jobsets.jobset.x-k8s.io`` (create) or ``resource type
+#: "jobsets"`` (get, delete) name the same missing CRD, so the line names it the same way.
 KINDS = {"trainjobs.trainer.kubeflow.org": "TrainJob", "jobsets.jobset.x-k8s.io": "JobSet",
-         "pytorchjobs.kubeflow.org": "PyTorchJob"}
+         "pytorchjobs.kubeflow.org": "PyTorchJob", "trainjobs": "TrainJob", "jobsets": "JobSet",
+         "pytorchjobs": "PyTorchJob"}
 #: The object itself is missing (a missing namespace or CRD has its own row).
 NOT_FOUND = "{0} not found"
+#: A name already taken (``create`` rewords it to name the job that holds it: ``taken`` below).
+EXISTS = "{0} already exists in that namespace: stop it first, or set kubernetes.name"
 NO_CRD = "the cluster does not know {0}: its CRD is not installed (see docs/kubernetes.md, 'Installing the CRDs')"
 #: kubectl's stderr -> one line, first match wins (kubectl v1.32.4's own words, recorded against a
 #: real API server: shared/testbeds/kubernetes/README.md). A group that names a flavor's
@@ -69,8 +74,7 @@ ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
     # A CRD removed while kubectl's discovery cache still lists it (the normal case right after).
     (re.compile(r"the server could not find the requested resource \((?:post|get|delete|list|patch|put) ([^)\s]+)\)"),
      NO_CRD),
-    (re.compile(r"\(AlreadyExists\).*\"([^\"]+)\" already exists"),
-     "{0} already exists in that namespace: stop it first, or set kubernetes.name"),
+    (re.compile(r"\(AlreadyExists\).*\"([^\"]+)\" already exists"), EXISTS),
     (re.compile(r"\(Forbidden\).*?(User \"[^\"]*\" cannot [^\n]*)"), "forbidden: {0}"),
     (re.compile(r"\(NotFound\).*namespaces \"([^\"]+)\" not found"), "namespace {0} does not exist"),
     (re.compile(r"\(NotFound\).*?\"([^\"]+)\" not found"), NOT_FOUND),
@@ -87,9 +91,11 @@ MAX_OUTPUT = 64 << 20
 
 class KubectlError(ClusterDDPError):
     """kubectl is missing, or the server refused: one line, exit 2. ``not_found``: the server
-    said the object (not its namespace, not its kind) does not exist."""
+    said the object (not its namespace, not its kind) does not exist; ``exists``: the name
+    (``exists`` holds it) is taken."""
 
     not_found: bool = False
+    exists: str | None = None
 
 
 def flavor(text: str) -> str:
@@ -262,6 +268,7 @@ def kubectl_error(stderr: str, returncode: int) -> KubectlError:
             found = [KINDS.get(g, escape_controls(g)[:300]) for g in match.groups() if g]
             error = KubectlError("kubectl: " + message.format(*found, *[""] * 2))
             error.not_found = message == NOT_FOUND
+            error.exists = found[0] if message == EXISTS else None
             return error
     lines = [line for line in stderr.splitlines() if line.strip()]
     first = next((line for line in lines if not KLOG_LINE.match(line)), lines[-1] if lines else "")
@@ -269,14 +276,42 @@ def kubectl_error(stderr: str, returncode: int) -> KubectlError:
 
 
 def unrunnable(program: str, env: Mapping[str, str], exc: OSError) -> KubectlError:
-    """Why ``program`` could not be started, in one line: missing, a directory, not executable."""
-    if isinstance(exc, FileNotFoundError) and os.sep not in program:
-        return KubectlError(f"{shown(program)} not found on PATH", "install kubectl and point KUBECONFIG at your cluster")
+    """Why ``program`` could not be started, in one line: missing, a directory, not executable,
+    or a file that exists but whose ``#!`` interpreter (or ELF loader) does not: exec says
+    ENOENT for that too, which is not "not found on PATH"."""
     candidates = [program] if os.sep in program else [
         os.path.join(d or ".", program) for d in env.get("PATH", os.defpath).split(os.pathsep)]
+    if isinstance(exc, FileNotFoundError):
+        runnable = next((path for path in candidates if os.path.isfile(path) and os.access(path, os.X_OK)), None)
+        if runnable is not None:
+            return KubectlError(f"{shown(runnable, 200)} exists but cannot be executed: {missing_loader(runnable)}",
+                                "fix its #! line, or put a kubectl that runs first on PATH")
+        if os.sep not in program:
+            return KubectlError(f"{shown(program)} not found on PATH",
+                                "install kubectl and point KUBECONFIG at your cluster")
     found = next((path for path in candidates if os.path.lexists(path)), program)
     what = "is a directory" if os.path.isdir(found) else f"cannot be run ({exc.strerror or exc})"
     return KubectlError(f"{shown(found, 200)} {what}", "put an executable kubectl first on PATH")
+
+
+def missing_loader(path: str) -> str:
+    """What exec could not find for the executable file ``path``: its ``#!`` interpreter, named
+    (a kubectl wrapper script whose python or shell is gone), else the program loader or a
+    library of a binary (the kernel says only ENOENT)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].split()
+        if words:
+            interpreter = os.fsdecode(words[0])
+            if not os.path.lexists(interpreter):
+                return f"its interpreter {shown(interpreter, 200)} (its #! line) does not exist"
+            return f"its interpreter {shown(interpreter, 200)} (its #! line) cannot be started either"
+        return "its #! line names no interpreter"
+    return "exec found no program loader or library it needs (No such file or directory)"
 
 
 def decoded(data: bytes, what: str) -> str:
@@ -318,10 +353,40 @@ def create(request: RenderedRequest, options: KubernetesOptions, env: Mapping[st
                 raise KubectlError(f"kubectl create printed {shown(printed)}, not the KIND/NAME of what it created")
             created.append(printed)
         except KubectlError as exc:
+            if exc.exists is not None:
+                exc = taken(request, options, env, exc)
             if created:
                 undo(created, options, request.job, env, exc)
-            raise
+            raise exc from None
     return created[-1]
+
+
+def taken(request: RenderedRequest, options: KubernetesOptions, env: Mapping[str, str],
+          cause: KubectlError) -> KubectlError:
+    """A second submit of the same job is refused at its first document, the launcher's
+    ConfigMap (``configmaps "cifar10-clusterddp" already exists``): the line names the job that
+    holds the name instead, asking the server which kind of object it is (this flavor first),
+    and how to stop it; a ConfigMap that no object of that name holds is named as left over."""
+    job = request.job
+    documents = request.documents if isinstance(request, KubernetesRequest) else ()
+    kind, _, name = (documents[-1][0] if documents else "").partition("/")
+    if kind not in RESOURCES or not name:
+        return cause
+    where = place(replace(options, namespace=options.namespace or job.kubernetes.namespace))
+    for flavor in (kind, *(f for f in RESOURCES if f != kind)):
+        try:
+            held = run_kubectl([*base_argv(options, job), "get", RESOURCES[flavor], name, "-o", "name"], env).strip()
+        except KubectlError:
+            continue  # not there, or the cluster lacks that kind: ask the next
+        if CREATED.fullmatch(held):
+            stop = follow_up("stop", held, options, job)
+            return KubectlError(f"kubectl: {flavor} {name} already exists in {where}: stop it first ({stop}), "
+                                "or set kubernetes.name")
+    if cause.exists == configmap_name(name):
+        return KubectlError(f"kubectl: the launcher ConfigMap {cause.exists} of an earlier job {name} is left in "
+                            f"{where}, with no trainjob, jobset or pytorchjob {name} there: delete it "
+                            f"(kubectl delete configmap/{cause.exists}), or set kubernetes.name")
+    return cause
 
 
 def undo(created: list[str], options: KubernetesOptions, job: JobSpec, env: Mapping[str, str],
@@ -506,10 +571,11 @@ def pod_states(pods: Mapping[str, Any]) -> list[PodState]:
 
 
 def logs(options: KubernetesOptions, env: Mapping[str, str], out: IO[str] = sys.stdout) -> int:
-    """Follow every pod's log, each line prefixed ``[node R]``; returns when all streams end.
-    The object is read first: in a missing namespace, or without the CRD, kubectl lists no pods
-    and says nothing, which would read as 'not started yet'. A log line that is not UTF-8 (a
-    Latin-1 byte in a training log) is shown with that byte escaped, and the stream goes on."""
+    """Follow every pod's log, each line prefixed ``[node R]``, and the pods that come later (a
+    JobSet restart's): clusterddp.schedulers.kubernetes.follow. Returns when the object is
+    finished or gone and every stream has ended. The object is read first: in a missing
+    namespace, or without the CRD, kubectl lists no pods and says nothing, which would read as
+    'not started yet'."""
     flavor, name = target(options)
     base = base_argv(options)
     get_object(options, flavor, name, env)
@@ -517,30 +583,19 @@ def logs(options: KubernetesOptions, env: Mapping[str, str], out: IO[str] = sys.
     if not states:
         selector = f"{POD_SELECTORS[flavor]}={name}"
         raise KubectlError(f"no pods of {flavor} {name} yet ({shlex.join([*base, 'get', 'pods', '-l', selector])})")
-    lock = threading.Lock()
-    procs = []
-    for state in states:
+
+    def done() -> bool:
         try:
-            procs.append((state, subprocess.Popen([*base, "logs", "-f", state.name], stdout=subprocess.PIPE,
-                                                  env=dict(env))))
+            return finished(parse_json(run_kubectl([*base, "get", RESOURCES[flavor], name, "-o", "json"], env)))
+        except KubectlError as exc:
+            if exc.not_found:  # deleted (clusterddp stop): no pod will come
+                return True
+            raise
+
+    def start(pod: str) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen([*base, "logs", "-f", pod], stdout=subprocess.PIPE, env=dict(env))
         except OSError as exc:
-            for _, proc in procs:
-                proc.kill()
-                proc.wait()
             raise unrunnable(base[0], env, exc) from None
 
-    def pump(state: PodState, stream: IO[bytes]) -> None:
-        prefix = f"[node {'?' if state.rank is None else state.rank}] "
-        for line in stream:
-            shown_line = line.decode("utf-8", "backslashreplace")
-            with lock:
-                out.write(prefix + shown_line)
-                out.flush()
-
-    threads = [threading.Thread(target=pump, args=(s, p.stdout), daemon=True) for s, p in procs if p.stdout]
-    for thread in threads:
-        thread.start()
-    codes = [proc.wait() for _, proc in procs]
-    for thread in threads:
-        thread.join()
-    return max(codes, default=0)
+    return Follow(lambda: pods_of(base, flavor, name, env), done, start, out).run(states)
