@@ -351,6 +351,11 @@ def main() -> None:
     become_worker(request)
     if sys.argv[:2] == bootstrap.command()[:2] == [sys.argv[0], bootstrap.ZIPAPP_ARG]:
         del sys.argv[1]  # from the zipapp: as its __main__ does before a cold worker's bootstrap
+    if __name__ != "__main__":  # imported from the zipapp: a cold worker has no zygote module
+        sys.modules.pop(__name__, None)
+        package = sys.modules.get(__name__.rpartition(".")[0])
+        if package is not None and hasattr(package, "zygote"):
+            delattr(package, "zygote")
     bootstrap.main()
 
 

@@ -126,3 +126,35 @@ def test_a_restart_from_the_archive_is_warm(pyz: Path, tmp_path: Path) -> None:
     assert len({s["pid"] for s in seen}) == 4 and all(s["ppid"] == proc.pid for s in seen), seen
     assert all(s["cmdline"][1:3] == [str(pyz), "--clusterddp-zygote"] for s in seen), seen
     assert all(s["clusterddp"] == str(pyz / "clusterddp" / "__init__.py") and s["sum"] == 1.0 for s in seen), seen
+
+
+def test_a_warm_worker_of_the_archive_cannot_be_told_from_a_cold_one(pyz: Path, tmp_path: Path) -> None:
+    """probe_self.py from the archive, warm and cold: the same argv, orig_argv, __main__,
+    sys.path, modules, signals, descriptors (what differs by design, as without the archive:
+    tests/core/test_warm.py)."""
+    if not TORCH_SITE:
+        pytest.skip("torch is not installed")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": TORCH_SITE, "OMP_NUM_THREADS": "1",
+           "NO_COLOR": "1", "CLUSTERDDP_NO_MERGE": "1"}
+    seen = {}
+    for warm in (False, True):
+        out = tmp_path / f"out{warm}"
+        out.mkdir()
+        job = write_job(tmp_path, name=f"w{warm}", script="probe_self.py", args=[str(out), "x"], warm_start=warm,
+                        cpu_affinity="none", python=IMAGE_PYTHON)
+        result = subprocess.run([IMAGE_PYTHON, str(pyz), "run", str(job), "--run-id", "RUN"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0 and "warm start off" not in result.stderr, result.stderr
+        seen[warm] = json.loads((out / "rank0.x.json").read_text().replace(f"out{warm}", "OUT"))
+    cold, warm_ = seen[False], seen[True]
+    assert cold["cmdline"][1:3] == [str(pyz), "--clusterddp-bootstrap"]
+    assert warm_["cmdline"][1:3] == [str(pyz), "--clusterddp-zygote"]
+    assert set(warm_["modules"]) == set(cold["modules"]), set(warm_["modules"]) ^ set(cold["modules"])
+    # A cold worker of the archive holds a descriptor of it (python's run of the zip leaves it
+    # open); a forked one has only its stdio and the stacks file, as a cold worker run by path.
+    assert {k: v for k, v in cold["fds"].items() if v != str(pyz)} == warm_["fds"]
+    for key in ("argv", "orig_argv", "path", "main_names", "signals", "sig_status", "name", "file"):
+        assert warm_[key] == cold[key], key
+    for side in (cold, warm_):
+        side["main"]["__loader__"] = side["main"]["__loader__"].split(" object at ")[0]
+    assert warm_["main"] == cold["main"]
