@@ -48,6 +48,8 @@ READY_TIMEOUT = 120.0
 #: Longest wait for one fork (the zygote answers in milliseconds when healthy).
 FORK_TIMEOUT = 10.0
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+#: The zipapp's argument that runs the zygote (clusterddp.pack.ZYGOTE_ARG spells it the same).
+ZIPAPP_ARG = "--clusterddp-zygote"
 
 
 #: How a zygote was started: interpreter, environment (sorted items), preloads.
@@ -156,15 +158,14 @@ class Zygote:
               preload: Sequence[str], log: str | None) -> "Zygote":
         """Start it (its own session, killed with the launcher, outside the job's cgroup);
         raise ZygoteLost when it cannot be started."""
-        if not os.path.isfile(ZYGOTE):
-            raise ZygoteLost("the launcher runs from an archive (no zygote.py on disk)")
+        command = zygote_command()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             out = open(log, "ab") if log else subprocess.DEVNULL
         except OSError:
             out = subprocess.DEVNULL
         try:
-            proc = procs.spawn([python, ZYGOTE, str(theirs.fileno()), *preload], env, os.getcwd(),
+            proc = procs.spawn([python, *command, str(theirs.fileno()), *preload], env, os.getcwd(),
                                pass_fds=(theirs.fileno(),), output=out)
         except OSError as exc:
             ours.close()
@@ -410,6 +411,22 @@ def drop_prestarted() -> None:
     """Stop a prestarted zygote no group took (the launcher ends before its workers start)."""
     while _prestarted:
         _prestarted.pop().close()
+
+
+def zygote_command() -> list[str]:
+    """How the job's interpreter runs the zygote: ``zygote.py`` by its path, or, when the
+    launcher runs from the zipapp (``clusterddp pack``: every container on SLURM, every
+    Kubernetes pod), the archive itself with ``ZIPAPP_ARG``, whose ``__main__`` imports the
+    zygote (and the zygote the bootstrap) from the archive, as a cold worker's bootstrap is
+    run (``bootstrap.command``). Why not extract them to a directory: nothing is written,
+    so there is no directory to own, protect, clean up or share between runs, and the zygote
+    is the exact code of the launcher that starts it (docs/warm-start.md, "From the zipapp")."""
+    if os.path.isfile(ZYGOTE):
+        return [ZYGOTE]
+    archive = ZYGOTE.rsplit(os.sep + os.path.join("clusterddp", "launch", "zygote.py"), 1)[0]
+    if archive != ZYGOTE and os.path.isfile(archive):
+        return [archive, ZIPAPP_ARG]
+    raise ZygoteLost(f"no zygote.py at {ZYGOTE} and no archive holding it")
 
 
 def _key(python: str, env: Mapping[str, str], preload: Sequence[str]) -> "_Key":

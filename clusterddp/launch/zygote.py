@@ -1,7 +1,8 @@
 """The warm interpreter of one node: import torch once, then fork each worker on request.
 
 ``python .../clusterddp/launch/zygote.py FD [PRELOAD...]`` is started by the launcher
-(``warm.py``) by its path, like ``bootstrap.py``, under the job's interpreter, in its own
+(``warm.py``) by its path, like ``bootstrap.py`` (from the zipapp: ``python ARCHIVE.pyz
+--clusterddp-zygote FD [PRELOAD...]``, warm.zygote_command), under the job's interpreter, in its own
 session, dying with the launcher. It imports torch and the job's ``preload:`` modules and
 initialises nothing (no CUDA, no process group, no thread pool), checks that a fork is safe
 (no thread started beyond the ones ``import torch`` starts, CUDA not initialised), says so on
@@ -35,7 +36,9 @@ stopped) right before its last reply to an attempt's requests, once every worker
 forked, and says their pids on its stderr (its log) first.
 
 Only the standard library is imported here besides torch and the preloads, and
-``bootstrap.py`` is loaded by its path as a private module (not in ``sys.modules``).
+``bootstrap.py`` is loaded by its path as a private module (not in ``sys.modules``); from the
+zipapp, imported from the archive as ``clusterddp.launch.bootstrap``, as a cold worker of the
+zipapp imports it.
 """
 
 from __future__ import annotations
@@ -314,8 +317,13 @@ def become_worker(request: dict[str, Any]) -> None:
 
 
 def _bootstrap() -> types.ModuleType:
-    """``bootstrap.py`` next to this file, by its path, out of ``sys.modules``."""
+    """``bootstrap.py`` next to this file, by its path, out of ``sys.modules``; inside the
+    zipapp (no file at that path), imported from the archive, as a cold worker's is."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+    if not os.path.isfile(path) and __name__ == "clusterddp.launch.zygote":
+        from clusterddp.launch import bootstrap
+
+        return bootstrap
     spec = importlib.util.spec_from_file_location("_clusterddp_bootstrap", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -341,6 +349,13 @@ def main() -> None:
     gc.freeze()
     request = serve(sock)
     become_worker(request)
+    if sys.argv[:2] == bootstrap.command()[:2] == [sys.argv[0], bootstrap.ZIPAPP_ARG]:
+        del sys.argv[1]  # from the zipapp: as its __main__ does before a cold worker's bootstrap
+    if __name__ != "__main__":  # imported from the zipapp: a cold worker has no zygote module
+        sys.modules.pop(__name__, None)
+        package = sys.modules.get(__name__.rpartition(".")[0])
+        if package is not None and hasattr(package, "zygote"):
+            delattr(package, "zygote")
     bootstrap.main()
 
 

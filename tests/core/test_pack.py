@@ -3,16 +3,18 @@ clusterddp nor PyYAML (an image with torch only), workers included (issue 18, it
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
+from tests.conftest import REPO, cli, write_job
 
 #: An interpreter outside the venv, run isolated and without site: no clusterddp, no PyYAML.
 BARE = shutil.which("python3", path="/usr/bin:/bin")
@@ -88,3 +90,71 @@ def test_two_workers_run_from_the_archive(pyz: Path, tmp_path: Path) -> None:
         env = json.loads((out / f"rank{rank}.json").read_text())["env"]
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "2", str(rank))
         assert (out / f"from{rank}").read_text() == str(pyz / "clusterddp" / "__init__.py")
+
+
+#: A python with torch but without clusterddp, as an image has it: the venv's base interpreter
+#: with only the site-packages that hold torch on PYTHONPATH (whose .pth files, the editable
+#: install's among them, are not read).
+IMAGE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+_TORCH = importlib.util.find_spec("torch")
+TORCH_SITE = os.path.dirname(os.path.dirname(str(_TORCH.origin))) if _TORCH else ""
+
+
+def test_a_restart_from_the_archive_is_warm(pyz: Path, tmp_path: Path) -> None:
+    """``python x.pyz run`` with real gloo workers, ``restarts: 1`` and a rank that fails once:
+    the zygote runs from the archive (no 'warm start off'), and both attempts' workers are
+    forked by it (their /proc/self/cmdline is the zygote's: ``x.pyz --clusterddp-zygote``),
+    the launcher's children, importing clusterddp from the archive (issue 32, item 8)."""
+    if not TORCH_SITE:
+        pytest.skip("torch is not installed")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = write_job(tmp_path, script="gloo_fail_once.py", args=[str(out)], restarts=1, cpu_affinity="none",
+                    python=IMAGE_PYTHON)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": TORCH_SITE, "OMP_NUM_THREADS": "1",
+           "NO_COLOR": "1", "CLUSTERDDP_NO_MERGE": "1"}
+    assert subprocess.run([IMAGE_PYTHON, "-c", "import clusterddp"], env=env, cwd=tmp_path,
+                          capture_output=True).returncode == 1  # no clusterddp but the archive's
+    proc = subprocess.Popen([IMAGE_PYTHON, str(pyz), "run", str(job)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    print(err)
+    assert "warm start off" not in err, err
+    assert "restart 1 of 1" in err, err
+    seen = [json.loads((out / f"rank{r}.attempt{a}.json").read_text()) for r in (0, 1) for a in (0, 1)]
+    assert len({s["pid"] for s in seen}) == 4 and all(s["ppid"] == proc.pid for s in seen), seen
+    assert all(s["cmdline"][1:3] == [str(pyz), "--clusterddp-zygote"] for s in seen), seen
+    assert all(s["clusterddp"] == str(pyz / "clusterddp" / "__init__.py") and s["sum"] == 1.0 for s in seen), seen
+
+
+def test_a_warm_worker_of_the_archive_cannot_be_told_from_a_cold_one(pyz: Path, tmp_path: Path) -> None:
+    """probe_self.py from the archive, warm and cold: the same argv, orig_argv, __main__,
+    sys.path, modules, signals, descriptors (what differs by design, as without the archive:
+    tests/core/test_warm.py)."""
+    if not TORCH_SITE:
+        pytest.skip("torch is not installed")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": TORCH_SITE, "OMP_NUM_THREADS": "1",
+           "NO_COLOR": "1", "CLUSTERDDP_NO_MERGE": "1"}
+    seen = {}
+    for warm in (False, True):
+        out = tmp_path / f"out{warm}"
+        out.mkdir()
+        job = write_job(tmp_path, name=f"w{warm}", script="probe_self.py", args=[str(out), "x"], warm_start=warm,
+                        cpu_affinity="none", python=IMAGE_PYTHON)
+        result = subprocess.run([IMAGE_PYTHON, str(pyz), "run", str(job), "--run-id", "RUN"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0 and "warm start off" not in result.stderr, result.stderr
+        seen[warm] = json.loads((out / "rank0.x.json").read_text().replace(f"out{warm}", "OUT"))
+    cold, warm_ = seen[False], seen[True]
+    assert cold["cmdline"][1:3] == [str(pyz), "--clusterddp-bootstrap"]
+    assert warm_["cmdline"][1:3] == [str(pyz), "--clusterddp-zygote"]
+    assert set(warm_["modules"]) == set(cold["modules"]), set(warm_["modules"]) ^ set(cold["modules"])
+    # A cold worker of the archive holds a descriptor of it (python's run of the zip leaves it
+    # open); a forked one has only its stdio and the stacks file, as a cold worker run by path.
+    assert {k: v for k, v in cold["fds"].items() if v != str(pyz)} == warm_["fds"]
+    for key in ("argv", "orig_argv", "path", "main_names", "signals", "sig_status", "name", "file"):
+        assert warm_[key] == cold[key], key
+    for side in (cold, warm_):
+        side["main"]["__loader__"] = side["main"]["__loader__"].split(" object at ")[0]
+    assert warm_["main"] == cold["main"]

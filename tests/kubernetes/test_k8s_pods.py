@@ -68,7 +68,8 @@ def workdir(tmp_path: Path) -> Path:
 def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor: str) -> None:
     """2 pods x 2 gloo workers of the rendered object all-reduce to 6; every rank sees the torchrun
     contract, node rank = the pod's completion index, and node 0's DNS name as MASTER_ADDR; every
-    worker imported clusterddp from the ConfigMap's zipapp, the only clusterddp in the pod."""
+    worker imported clusterddp from the ConfigMap's zipapp, the only clusterddp in the pod, and was
+    forked by its pod's warm interpreter, run from that zipapp."""
     out = tmp_path / "ranks"
     out.mkdir()
     manifest = render(job_file(tmp_path, "ddp", BIN / "env_allreduce.py", [str(out)]), flavor)
@@ -80,6 +81,7 @@ def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor:
         first_rank = time.monotonic() - started
         codes = wait_all(running, TIMEOUT)
     assert codes == [0, 0], outputs(running)
+    assert "warm start off" not in outputs(running), outputs(running)
     ranks = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)}
     for rank, seen in ranks.items():
         env, node = seen["env"], rank // 2
@@ -90,6 +92,8 @@ def test_two_pods_two_workers_keep_the_torchrun_contract(tmp_path: Path, flavor:
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("ddp-node-0-0.ddp", "29500")
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_RUN_ID"]
         assert seen["clusterddp"] == "/etc/clusterddp/clusterddp.pyz/clusterddp/__init__.py", seen["clusterddp"]
+        # forked by the pod's zygote, run from the ConfigMap's zipapp (issue 32, item 8)
+        assert seen["cmdline"][1:3] == ["/etc/clusterddp/clusterddp.pyz", "--clusterddp-zygote"], seen["cmdline"]
     assert len({seen["env"]["TORCHELASTIC_RUN_ID"] for seen in ranks.values()}) == 1
     print(f"{flavor}: pods started -> first rank running {first_rank:.1f} s")
 

@@ -23,6 +23,7 @@ holds every job directory) at its own path, read-write.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -71,7 +72,12 @@ def unavailable_reason() -> str | None:
 
 
 def host_site_packages() -> Path:
-    """This interpreter's site-packages, with symlinks resolved (the bind source)."""
+    """The site-packages this interpreter imports torch from (its own purelib when torch is
+    missing), with symlinks resolved (the bind source): a venv that reaches another one's
+    packages through a ``.pth`` (a git worktree's) has no torch in its own purelib."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).resolve().parent.parent
     return Path(sysconfig.get_paths()["purelib"]).resolve()
 
 
