@@ -19,10 +19,18 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Callable, Sequence
+from typing import IO, Callable, Sequence
 
-if TYPE_CHECKING:
-    from clusterddp.schedulers.kubernetes.scheduler import PodState
+@dataclass(frozen=True)
+class PodState:
+    """One pod of a job as ``status`` shows it and the follower picks it up."""
+
+    name: str
+    rank: int | None
+    phase: str
+    #: 'running', 'waiting: ImagePullBackOff', 'terminated: exit 1 (Error)'.
+    container: str
+
 
 #: Condition types that end an object for good (TrainJob: Complete/Failed; JobSet:
 #: Completed/Failed; PyTorchJob: Succeeded/Failed).

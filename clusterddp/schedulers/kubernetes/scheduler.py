@@ -26,7 +26,7 @@ from typing import IO, Any, Mapping, Sequence
 from clusterddp.errors import ClusterDDPError
 from clusterddp.redact import register_present, scrub
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
-from clusterddp.schedulers.kubernetes.follow import Follow, finished
+from clusterddp.schedulers.kubernetes.follow import Follow, PodState, finished
 from clusterddp.schedulers.kubernetes.launcher import configmap_name
 from clusterddp.schedulers.kubernetes.render import render_documents
 from clusterddp.sections import k8s_names
@@ -209,15 +209,6 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
 
     def logs(self, options: KubernetesOptions, env: Mapping[str, str]) -> int:
         return logs(options, env)
-
-
-@dataclass(frozen=True)
-class PodState:
-    name: str
-    rank: int | None
-    phase: str
-    #: 'running', 'waiting: ImagePullBackOff', 'terminated: exit 1 (Error)'.
-    container: str
 
 
 @dataclass(frozen=True)
