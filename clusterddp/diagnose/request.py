@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.errors import ClusterDDPError
+from clusterddp.validate import clip
 from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, launcher_files, read_launcher_file,
                                  stacks_reports)
 
@@ -36,12 +37,12 @@ def find_launcher(target: str | None, log_dir: str) -> tuple[str, dict[str, Any]
             found = read_launcher_file(directory)
             if found is not None:
                 return directory, found
-        raise ClusterDDPError(f"no running job found at {' or '.join(candidates)} (no {LAUNCHER_FILE})")
+        raise ClusterDDPError(f"no running job found at {' or '.join(clip(c) for c in candidates)} (no {LAUNCHER_FILE})")
     for path in launcher_files(log_dir):
         data = read_launcher_file(os.path.dirname(path))
         if data is not None and _alive(int(data.get("pid", 0))):
             return os.path.dirname(path), data
-    raise ClusterDDPError(f"no running clusterddp job found under {log_dir}/",
+    raise ClusterDDPError(f"no running clusterddp job found under {clip(log_dir)}/",
                           "give the run id or its log directory: clusterddp stacks RUN_ID")
 
 
@@ -60,7 +61,7 @@ def stacks_main(options: StacksOptions) -> int:
     run_dir, data = find_launcher(options.target, options.log_dir)
     pid = int(data["pid"])
     if not _alive(pid):
-        raise ClusterDDPError(f"the launcher of run {data.get('run_id')} (pid {pid}) is not running")
+        raise ClusterDDPError(f"the launcher of run {clip(str(data.get('run_id')))} (pid {pid}) is not running")
     before = stacks_reports(run_dir, pid)
     os.kill(pid, STACKS_REQUEST_SIGNAL)
     deadline = time.monotonic() + options.timeout
@@ -73,4 +74,4 @@ def stacks_main(options: StacksOptions) -> int:
             print(f"(saved in {new[-1]})")
             return 0
         time.sleep(0.05)
-    raise ClusterDDPError(f"no stacks from run {data.get('run_id')} within {options.timeout:g}s")
+    raise ClusterDDPError(f"no stacks from run {clip(str(data.get('run_id')))} within {options.timeout:g}s")
