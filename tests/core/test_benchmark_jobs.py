@@ -1,0 +1,36 @@
+"""The benchmarks' own commands run on a GPU node too (issue 32, item 13): launch_overhead.py's
+workers join gloo, so its clusterddp jobs must say ``backend: gloo`` (``auto`` is nccl where a
+GPU is visible, and 2 nccl workers on 1 GPU are refused)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO, cli_env
+
+
+def _benchmark(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("method", ["clusterddp", "clusterddp cold"])
+def test_launch_overhead_jobs_use_gloo_on_a_gpu_node(method: str) -> None:
+    """The benchmark's clusterddp command for 2 workers, dry-run on a node with 1 visible GPU: accepted, gloo."""
+    bench = _benchmark("launch_overhead")
+    argv = bench.METHODS[method](2, 29999) + ["--dry-run"]
+    assert argv[:4] == [sys.executable, "-m", "clusterddp", "run"]
+    done = subprocess.run(argv, env=cli_env(CUDA_VISIBLE_DEVICES="0"), cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "nccl" not in done.stdout + done.stderr, done.stdout
+    assert "CLUSTERDDP_BACKEND=gloo" in done.stdout, done.stdout
