@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import time
 from typing import Any
@@ -179,7 +180,8 @@ def _event(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     if len(raw) > MAX_READ_LINE:
         return None, f"a line of {len(raw)} bytes (at most {MAX_READ_LINE})"
     try:
-        event = json.loads(raw)
+        # NaN, Infinity and 1e400 read as null: ``report --json`` stays JSON, sums stay finite.
+        event = json.loads(raw, parse_constant=lambda _: None, parse_float=_finite)
     except (ValueError, RecursionError):
         return None, "not an event"
     if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
@@ -199,6 +201,11 @@ def _event(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(event.get("host", ""), (str, type(None))):
         return None, "its host is not a string"
     return event, None
+
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def _too_deep(value: Any) -> bool:

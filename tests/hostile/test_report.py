@@ -39,6 +39,7 @@ def _assert_clean(*texts: str) -> None:
 HOSTILE_LINES = {
     "t -1e308": '{"t":-1e308,"kind":"run_start"}',
     "t 1e308": '{"t":1e308,"kind":"run_end"}',
+    "t 1e400": '{"t":1e400,"kind":"run_end"}',
     "t NaN": '{"t":NaN,"kind":"hang"}',
     "t Infinity": '{"t":Infinity,"kind":"hang"}',
     "deep JSON": '{"t":105,"kind":"x","v":' + "[" * 30000 + "]" * 30000 + "}",
@@ -65,6 +66,9 @@ def test_hostile_lines_are_skipped_with_a_note_and_the_rest_reported(tmp_path: P
     assert "goodput:" in out and "wall clock 11.00s" in out, out
     assert "its time t is not a time" in out and "not an event" in out, out
     assert "nested deeper than 32 levels" in out, out
+    done = cli("report", "r", "--json", "--log-dir", str(tmp_path / "logs"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
 
 
 def test_terminal_control_sequences_from_an_event_log_are_shown_escaped(tmp_path: Path) -> None:
