@@ -1,7 +1,8 @@
 """Launch overhead, side by side in one run: clusterddp vs torchrun vs a bare shell spawn.
 
 Each method starts N workers of benchmarks/noop_gloo.py (join gloo, barrier, leave) on this
-machine. The bare shell spawn (export the env contract by hand, '&', 'wait') is the floor: no
+machine; clusterddp's job says ``backend: gloo``, so a GPU node runs the same CPU job (with
+``backend: auto`` it would be nccl there, and 2 workers on 1 GPU are refused). The bare shell spawn (export the env contract by hand, '&', 'wait') is the floor: no
 launcher can do less. Methods are interleaved round by round so a busy moment hurts all alike.
 Also reports the launcher's peak RSS (its own process, sampled every 5 ms).
 
@@ -68,17 +69,25 @@ def torchrun(n: int, port: int) -> list[str]:
             f"--master-port={port}", str(WORKER), STAMPS]
 
 
+def bench_job(name: str, extra: str = "") -> str:
+    """A job file for the worker with ``backend: gloo``: the worker joins gloo whatever the node
+    has, and ``backend: auto`` would be nccl on a GPU node, where clusterddp rightly refuses
+    more nccl workers than GPUs (2 workers, 1 GPU). Every launcher here then runs the same CPU
+    job, GPUs or not."""
+    job = os.path.join(tempfile.gettempdir(), f"clusterddp-bench-{name}.yaml")
+    with open(job, "w") as f:
+        f.write(f"name: {name}\nscript: {WORKER}\nargs: ['{STAMPS}']\nbackend: gloo\n{extra}")
+    return job
+
+
 def clusterddp(n: int, port: int) -> list[str]:
-    return [sys.executable, "-m", "clusterddp", "run", "--nproc-per-node", str(n), "--master-port", str(port),
-            "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs"), "--", str(WORKER), STAMPS]
+    return [sys.executable, "-m", "clusterddp", "run", bench_job("warm"), "--nproc-per-node", str(n),
+            "--master-port", str(port), "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs")]
 
 
 def clusterddp_cold(n: int, port: int) -> list[str]:
-    job = os.path.join(tempfile.gettempdir(), "clusterddp-bench-cold.yaml")
-    with open(job, "w") as f:
-        f.write(f"name: cold\nscript: {WORKER}\nargs: ['{STAMPS}']\nwarm_start: false\n")
-    return [sys.executable, "-m", "clusterddp", "run", job, "--nproc-per-node", str(n), "--master-port", str(port),
-            "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs")]
+    return [sys.executable, "-m", "clusterddp", "run", bench_job("cold", "warm_start: false\n"), "--nproc-per-node",
+            str(n), "--master-port", str(port), "--log-dir", os.path.join(tempfile.gettempdir(), "clusterddp-bench-logs")]
 
 
 def reference(n: int, port: int) -> list[str]:

@@ -5,10 +5,16 @@ Two gloo workers run benchmarks/kill_at_step.py; at step 20 of attempt 0 rank 1 
 wall time and SIGKILLs itself (`restarts: 1`, every other setting the job's default); rank 0
 of attempt 1 records when its first all_reduce completed. clusterddp (warm start, the
 default for a script that imports torch), clusterddp with `warm_start: false`, torchrun
-`--max-restarts 1` (c10d rendezvous, its store not shared with the workers: see methods), and optionally another checkout's clusterddp (``--before /work/main``),
-on the same script, interleaved round by round so a busy moment hurts all alike.
+`--max-restarts 1` twice, and optionally another checkout's clusterddp (``--before
+/work/main``), on the same script, interleaved round by round so a busy moment hurts all alike.
+The two torchrun rows are named for what they are (both c10d rendezvous on 127.0.0.1):
+"torchrun" as users run it, and "torchrun, store not shared" with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in its environment (the workers then make their own
+store instead of reusing the agent's, where attempt 1's rank 0 can read attempt 0's dead rank
+1 address and time out: see methods). No other row gets that variable. ``--timeout S`` ends a
+run that hangs (default 300 s; a torchrun restart can hang).
 
-    .venv/bin/python benchmarks/restart_latency.py [--rounds 5] [--before /work/main]
+    .venv/bin/python benchmarks/restart_latency.py [--rounds 5] [--before /work/main] [--timeout 300]
 
 With ``--ssh`` the same script runs over SSH instead, on the test bed of tests/ssh (2 sshd hosts,
 each a network namespace; needs root; the bed holds /run/cdssh.lock itself): 1 gloo worker per host, rank 1
@@ -52,14 +58,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
     from tests.testbed import LabHost, SSHLab
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "kill_at_step.py"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row: the command, the checkout it runs from (None: this one), and the variables it
+    gets beyond the benchmark's own (named in the row's name when there are any)."""
+
+    argv: list[str]
+    checkout: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def job_file(directory: str, out: str, warm: bool) -> str:
@@ -70,61 +87,100 @@ def job_file(directory: str, out: str, warm: bool) -> str:
     return path
 
 
-def methods(directory: str, out: str, port: int, before: str | None) -> dict[str, tuple[list[str], str | None]]:
-    """name -> (argv, the checkout it runs from, None: this one)."""
+#: The variable that makes torchrun's workers keep their own store (torch.distributed.elastic):
+#: set for the one row named for it, never for another.
+NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun(port: int, out: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", str(WORKER), out, "20"]
+
+
+def methods(directory: str, out: str, port: int, before: str | None) -> dict[str, Method]:
+    """name -> how to run it."""
     found = {
-        "clusterddp": ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, True),
-                        "--master-port", str(port)], None),
-        "clusterddp cold": ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, False),
-                             "--master-port", str(port + 1)], None),
-        # torchrun's default static rendezvous (--master-port), and c10d sharing its store with
-        # the workers, let attempt 1's rank 0 read attempt 0's dead rank 1 address from the
-        # agent's store and time out (torch 2.14.1, most runs here): c10d, store not shared.
-        "torchrun": ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
-                      "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port + 2}", str(WORKER), out, "20"], None),
+        "clusterddp": Method([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, True),
+                              "--master-port", str(port)]),
+        "clusterddp cold": Method([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, False),
+                                   "--master-port", str(port + 1)]),
+        # As users run it: c10d shares the agent's store with the workers, and attempt 1's rank 0
+        # can read attempt 0's dead rank 1 address from it and time out (torch 2.14.1: 0 of 5
+        # runs recovered in issue 32's rounds; torchrun's default static rendezvous does the same).
+        "torchrun": Method(torchrun(port + 2, out)),
+        # The same with the store not shared: the variable named in the row.
+        "torchrun, store not shared (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)": Method(
+            torchrun(port + 4, out), env=NO_SHARED_STORE),
     }
     if before:
-        found["clusterddp before"] = ([sys.executable, "-m", "clusterddp", "run", job_file(directory, out, True),
-                                      "--master-port", str(port + 3)], before)
+        found["clusterddp before"] = Method([sys.executable, "-m", "clusterddp", "run",
+                                             job_file(directory, out, True), "--master-port", str(port + 3)], before)
     return found
 
 
-def latency(argv: list[str], out: str, checkout: str | None) -> float | str:
+def latency(argv: list[str], out: str, checkout: str | None, extra_env: Mapping[str, str] | None = None,
+            timeout: float = 300.0) -> float | str:
     """Seconds from the kill to the next attempt's first step, or why the run failed."""
     for name in ("killed", "resumed"):
         if os.path.exists(os.path.join(out, name)):
             os.unlink(os.path.join(out, name))
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = {k: v for k, v in os.environ.items() if k not in NO_SHARED_STORE}
+    env.update(OMP_NUM_THREADS="1", **(extra_env or {}))
     if checkout:
         env["PYTHONPATH"] = checkout
     proc = subprocess.Popen(argv, env=env, cwd=checkout or os.getcwd(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
-        _, stderr = proc.communicate(timeout=300)
+        _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:  # a launcher that hangs: its workers go with it (torchrun leaves them)
         os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun's workers run in sessions of their own: killpg misses them, and they hold the
+        # stderr pipe open, so without this the read below would wait for them forever.
+        _end_workers(out)
         proc.communicate()
-        return "timed out after 300 s"
+        return f"timed out after {timeout:g} s"
+    finally:
+        _end_workers(out)
     if proc.returncode != 0:
-        errors = [line for line in stderr.decode(errors="replace").splitlines() if "Error" in line]
+        # The worker's own error, not torchrun's wrapper around it ("ChildFailedError:", empty).
+        errors = [line for line in stderr.decode(errors="replace").splitlines()
+                  if "Error" in line and "ChildFailedError" not in line]
         return f"exit {proc.returncode}: {(errors or ['?'])[-1][:160]}"
     with open(os.path.join(out, "killed")) as k, open(os.path.join(out, "resumed")) as r:
         return float(r.read()) - float(k.read())
 
 
+def _end_workers(out: str) -> None:
+    """SIGKILL every worker this benchmark started that is still running: a process whose argv
+    names this run's stamp directory ``out`` (unique to the run: a tempfile directory)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if str(WORKER).encode() in argv and out.encode() in argv:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def ssh_methods(lab_root: str, ssh_config: str, hostfile: str, out: str, round_: int,
-                before: str | None) -> dict[str, tuple[list[str], str | None]]:
+                before: str | None) -> dict[str, Method]:
     """The SSH case: a head per checkout, 2 hosts x 1 worker, a run id of its own per round."""
     path = os.path.join(lab_root, "restart-latency-ssh.yaml")
     with open(path, "w") as f:
         f.write(f"name: restart-latency-ssh\nscript: {WORKER}\nargs: ['{out}', '20']\nnproc_per_node: 1\n"
                 f"restarts: 1\npython: {sys.executable}\nlogs: {{dir: '{lab_root}/logs'}}\n"
                 f"ssh: {{config_file: '{ssh_config}'}}\n")
-    found = {"clusterddp ssh": ([sys.executable, "-m", "clusterddp", "run", path, "--hostfile", hostfile,
-                                 "--run-id", f"after{round_}"], None)}
+    found = {"clusterddp ssh": Method([sys.executable, "-m", "clusterddp", "run", path, "--hostfile", hostfile,
+                                       "--run-id", f"after{round_}"])}
     if before:
-        found["clusterddp ssh before"] = ([sys.executable, "-m", "clusterddp", "run", path, "--hostfile", hostfile,
-                                          "--run-id", f"before{round_}"], before)
+        found["clusterddp ssh before"] = Method([sys.executable, "-m", "clusterddp", "run", path, "--hostfile",
+                                                hostfile, "--run-id", f"before{round_}"], before)
     return found
 
 
@@ -295,6 +351,8 @@ def main() -> None:
     parser.add_argument("--ssh-dead-host", action="store_true",
                         help="a dead host over SSH on the test bed (root; 3 hosts x 1 worker, nodes 2:3)")
     parser.add_argument("--first", action="store_true", help="--ssh-dead-host: node 0 (the master) dies, not the last")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="a run still going after S seconds is ended and counted as failed (default 300)")
     parser.add_argument("--grace-period", type=float, metavar="S",
                         help="--ssh-dead-host: the job's grace_period (default: the job's default)")
     args = parser.parse_args()
@@ -322,25 +380,25 @@ def main() -> None:
 
         with ssh_lab(2) as lab:
             results, failures = _measure(args.rounds, lambda r: ssh_methods(
-                str(lab.root), str(lab.ssh_config), str(lab.hostfile), out, r, args.before), out)
+                str(lab.root), str(lab.ssh_config), str(lab.hostfile), out, r, args.before), out, args.timeout)
         title = "SSH test bed, 2 hosts x 1 gloo worker"
     else:
         results, failures = _measure(args.rounds, lambda r: methods(directory, out, 29900 + 10 * r, args.before),
-                                     out)
+                                     out, args.timeout)
         title = "2 gloo workers"
     print(f"{title}, rank 1 SIGKILLed at step 20, restarts 1; {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     _table(results, failures)
 
 
-def _measure(rounds: int, round_methods: Callable[[int], dict[str, tuple[list[str], str | None]]],
-             out: str) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+def _measure(rounds: int, round_methods: Callable[[int], dict[str, Method]],
+             out: str, timeout: float = 300.0) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
     """Every method once per round, interleaved so a busy moment hurts all alike."""
     results: dict[str, list[float]] = {}
     failures: dict[str, list[str]] = {}
     for r in range(rounds):
-        for name, (argv, checkout) in round_methods(r).items():
-            value = latency(argv, out, checkout)
+        for name, method in round_methods(r).items():
+            value = latency(method.argv, out, method.checkout, method.env, timeout)
             if isinstance(value, str):
                 failures.setdefault(name, []).append(value)
             else:
@@ -357,13 +415,17 @@ def _default_grace_period() -> float:
 
 
 def _table(results: dict[str, list[float]], failures: dict[str, list[str]]) -> None:
+    """One row per launcher that recovered at least once, with how many runs it recovered in;
+    then, per launcher, the runs that failed (a row that never recovered is only there)."""
     width = max([22, *(len(name) for name in results)])
-    print(f"{'launcher':<{width}} {'median s':>9} {'min s':>7} {'max s':>7}  all")
+    print(f"{'launcher':<{width}} {'recovered':>9} {'median s':>9} {'min s':>7} {'max s':>7}  all")
     for name, values in results.items():
-        print(f"{name:<{width}} {statistics.median(values):>9.2f} {min(values):>7.2f} {max(values):>7.2f}  "
-              + " ".join(f"{v:.2f}" for v in values))
+        runs = len(values) + len(failures.get(name, []))
+        print(f"{name:<{width}} {f'{len(values)}/{runs}':>9} {statistics.median(values):>9.2f} {min(values):>7.2f} "
+              f"{max(values):>7.2f}  " + " ".join(f"{v:.2f}" for v in values))
     for name, reasons in failures.items():
-        print(f"{name}: {len(reasons)} run(s) failed, not counted; last: {reasons[-1]}")
+        runs = len(reasons) + len(results.get(name, []))
+        print(f"{name}: {len(reasons)} of {runs} run(s) failed, not counted; last: {reasons[-1]}")
 
 
 if __name__ == "__main__":

@@ -43,8 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterDDPError as exc:
         from clusterddp.redact import scrub  # every secret read so far is masked in the one line
 
-        lines = [f"clusterddp: error: {validate.escape_controls(scrub(str(exc)))}"]
-        lines.extend(f"  {validate.escape_controls(scrub(detail))}" for detail in exc.details)
+        # One bounded line each: a message that quotes a 5,000-character argument (or a tool's
+        # answer to it) is cut, whichever path built it.
+        lines = [f"clusterddp: error: {validate.clip(scrub(str(exc)), validate.MAX_ERROR_CHARS)}"]
+        lines.extend(f"  {validate.clip(scrub(detail), validate.MAX_ERROR_CHARS)}" for detail in exc.details)
         print("\n".join(lines), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
@@ -278,7 +280,8 @@ class _SchedulerParser(argparse.ArgumentParser):
     SCHEDULER: ...`` line and exit 2 instead of argparse's usage block."""
 
     def error(self, message: str) -> typing.NoReturn:
-        raise ClusterDDPError(f"{self.prog}: {message}", f"see '{self.prog} --help'")
+        # argparse quotes the value whole ("invalid namespace value: '...'"): cut like the others.
+        raise ClusterDDPError(f"{self.prog}: {validate.clip(message, 300)}", f"see '{self.prog} --help'")
 
 
 def scheduler_options(action: str, name: str, argv: Sequence[str]) -> Any:

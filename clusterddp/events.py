@@ -13,16 +13,19 @@ Each line is written with one ``os.write`` on an ``O_APPEND`` descriptor and cap
 and at most a torn last one, which the reader reports and skips. Every event has ``t``
 (wall time), ``kind``, ``node``, ``host``, ``attempt``, and fields of its kind (the kinds are
 listed in ``KINDS``; docs/diagnose.md describes them). Writing never fails the run: a log
-that cannot be written is silently not written. A leaf: standard library only.
+that cannot be written is silently not written. A leaf: the standard library and ``validate``.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import time
 from typing import Any
+
+from clusterddp.validate import clip, read_small_file
 
 #: The run owner's file; nodes of a multi-node run write ``events.node<K>.jsonl``.
 EVENTS_FILE = "events.jsonl"
@@ -118,27 +121,46 @@ def encode(event: dict[str, Any]) -> bytes:
     return json.dumps(core, separators=(",", ":"), default=str).encode()[:MAX_LINE - 1] + b"\n"
 
 
+#: An events file larger than this is skipped, with a note (a run writes a few hundred bytes
+#: an event: this is hundreds of thousands of events, and the JSON of them fits in memory).
+MAX_FILE_BYTES = 64 << 20
+#: A line longer than this is not one of ours (writers cap theirs at ``MAX_LINE``): skipped.
+MAX_READ_LINE = 64 << 10
+#: Deepest nesting of a field's value that is kept; deeper is not an event (json's decoder and
+#: encoder recurse: a line of ``[[[[...`` would end the report with a RecursionError).
+MAX_DEPTH = 32
+#: Wall-clock times an event may carry: 1970 to the end of year 9999 (what ``time.localtime``
+#: and a date can show; -1e308 or 1e308 would overflow them, NaN would break the order).
+MAX_TIME = 253402300799.0
+#: Problems named one by one; after these, only their number (a file of garbage is one
+#: screen of notes, not a million).
+MAX_PROBLEMS = 20
+
+
 def read_events(run_dir: str) -> tuple[list[dict[str, Any]], list[str]]:
     """Every event of every ``events*.jsonl`` in ``run_dir``, merged by time, and the problems
     met: a torn last line (its writer killed mid-write, or the disk full) or a line that is
-    not an event is skipped and named, never fatal."""
+    not an event is skipped and named, never fatal. Only regular files of at most
+    ``MAX_FILE_BYTES`` are read: a FIFO would hang the reader, ``/dev/zero`` would fill memory."""
     events: list[dict[str, Any]] = []
     problems: list[str] = []
     for path in sorted(glob.glob(os.path.join(run_dir, "events*.jsonl"))):
-        name = os.path.basename(path)
+        name = clip(os.path.basename(path))
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_small_file(path, MAX_FILE_BYTES)
         except OSError as exc:
-            problems.append(f"{name}: cannot be read: {exc.strerror}")
+            problems.append(f"{name}: cannot be read: {exc.strerror}, skipped")
+            continue
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}, skipped")
             continue
         lines = data.split(b"\n")
         torn = lines.pop()  # b"" when the file ends with a newline
         for number, raw in enumerate(lines, 1):
-            event = _event(raw)
+            event, why = _event(raw)
             if event is None:
-                if raw.strip():
-                    problems.append(f"{name}:{number}: not an event, skipped")
+                if why:
+                    problems.append(f"{name}:{number}: {why}, skipped")
                 continue
             event.setdefault("file", name)
             events.append(event)
@@ -146,17 +168,61 @@ def read_events(run_dir: str) -> tuple[list[dict[str, Any]], list[str]]:
             problems.append(f"{name}:{len(lines) + 1}: last line torn ({len(torn)} bytes without "
                             "its newline: its writer was killed mid-write?), skipped")
     events.sort(key=lambda e: e["t"])
+    if len(problems) > MAX_PROBLEMS:
+        problems[MAX_PROBLEMS:] = [f"... and {len(problems) - MAX_PROBLEMS} more lines skipped"]
     return events, problems
 
 
-def _event(raw: bytes) -> dict[str, Any] | None:
+def _event(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """The event of one line, or None and why not (None: a blank line, nothing to say)."""
+    if not raw.strip():
+        return None, None
+    if len(raw) > MAX_READ_LINE:
+        return None, f"a line of {len(raw)} bytes (at most {MAX_READ_LINE})"
     try:
-        event = json.loads(raw)
-    except ValueError:
-        return None
+        # NaN, Infinity and 1e400 read as null: ``report --json`` stays JSON, sums stay finite.
+        event = json.loads(raw, parse_constant=lambda _: None, parse_float=_finite)
+    except (ValueError, RecursionError):
+        return None, "not an event"
     if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
-        return None
+        return None, "not an event"
+    if _too_deep(event):
+        return None, f"nested deeper than {MAX_DEPTH} levels"
     t = event.get("t")
-    if isinstance(t, bool) or not isinstance(t, (int, float)):
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TIME:
+        return None, f"its time t is not a time between 1970 and 9999 (got {clip(repr(t), 40)})"
+    event["t"] = float(t)
+    attempt = event.get("attempt", 0)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt < 1 << 31:
+        return None, f"its attempt is not a small non-negative integer (got {clip(repr(attempt), 40)})"
+    node = event.get("node")
+    if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 1 << 31):
+        return None, f"its node is not a small non-negative integer (got {clip(repr(node), 40)})"
+    if not isinstance(event.get("host", ""), (str, type(None))):
+        return None, "its host is not a string"
+    return event, None
+
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _too_deep(value: Any) -> bool:
+    """True when ``value`` nests lists/dicts deeper than ``MAX_DEPTH`` (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= MAX_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def finite_time(value: object) -> float | None:
+    """A time or duration field (``at``, ``until``, ``failed_at``, ``timeout_s``) as a float when
+    it is a number in the range events carry, else None (the reader then uses ``t``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TIME:
         return None
-    return event
+    return float(value)

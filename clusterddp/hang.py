@@ -237,8 +237,16 @@ def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host:
         if record is None:
             parts.append(f"rank {rank} on {on} (no progress record)")
             continue
-        since = f" for {now - record.phase_t:.0f}s" if record.phase_t is not None else ""
-        step = f", last step recorded {record.step}" if record.step is not None else ", no step yet"
+        # Two clocks, each named: how long ago the rank entered its phase ("train" began with
+        # the first step, so that is most of the run), and how long it has gone without a step
+        # (what makes it stuck). "in phase train for 11s" read as the second and was the first.
+        since = f" (entered {now - record.phase_t:.0f}s ago)" if record.phase_t is not None else ""
+        if record.step is None:
+            step = ", no step yet"
+        elif record.t is not None:
+            step = f", no step for {max(0.0, now - record.t):.0f}s (last step recorded {record.step})"
+        else:
+            step = f", last step recorded {record.step}"
         parts.append(f"rank {rank} on {on} in phase {record.phase}{since}{step}")
     more = f" and {len(chosen) - 4} more" if len(chosen) > 4 else ""
     here = f"rank(s) {format_ranks(sorted(where))} on {host} wait in a collective; " if where and not outside else ""

@@ -34,6 +34,9 @@ MAX_WORKERS_ENV = "CLUSTERDDP_MAX_WORKERS_PER_NODE"
 MAX_NODES = 65536
 #: Characters of a value echoed in an error line.
 ECHO_CHARS = 80
+#: Characters of one error line (its values are cut to ``ECHO_CHARS`` where it is built;
+#: this is the bound for a message that quotes a tool or argparse whole).
+MAX_ERROR_CHARS = 1000
 
 TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -54,6 +57,15 @@ def shown(value: object, limit: int = ECHO_CHARS) -> str:
         return f"{value[:limit]!r}... ({len(value)} characters)"
     text = repr(value)
     return text if len(text) <= limit + 2 else text[:limit] + "...'"
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` as it may be printed (a run id, a context, a path, a line from a file the user
+    did not write): control characters escaped (``\\x1b``), cut to about ``limit`` characters
+    with the full length said. Unlike ``shown``, no quotes: for text inside a sentence."""
+    if len(text) > limit:
+        return f"{escape_controls(text[:limit])}... ({len(text)} characters)"
+    return escape_controls(text)
 
 
 def is_control(char: str) -> bool:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterddp.errors import ClusterDDPError
-from clusterddp.events import read_events
+from clusterddp.events import finite_time, read_events
+from clusterddp.validate import clip, shown
 
 #: Labels in the order of the breakdown (training first); ``hang waits`` wins over all.
 ORDER = ("training", "start-up", "restarts", "hang waits", "checkpoints", "evaluation", "shut-down")
@@ -75,12 +76,12 @@ def find_run(target: str | None, log_dir: str) -> str:
         for candidate in (os.path.join(log_dir, target), target):
             if os.path.isdir(candidate):
                 return candidate
-        raise ClusterDDPError(f"report: no run {target!r} under {log_dir}/")
+        raise ClusterDDPError(f"report: no run {shown(target)} under {clip(log_dir)}/")
     runs = [os.path.join(log_dir, name) for name in _listdir(log_dir)]
     runs = [run for run in runs if os.path.isfile(os.path.join(run, "events.jsonl"))
             or any(n.startswith("events") and n.endswith(".jsonl") for n in _listdir(run))]
     if not runs:
-        raise ClusterDDPError(f"report: no run with an event log under {log_dir}/")
+        raise ClusterDDPError(f"report: no run with an event log under {clip(log_dir)}/")
     return max(runs, key=os.path.getmtime)
 
 
@@ -92,8 +93,9 @@ def _listdir(path: str) -> list[str]:
 
 
 def _at(event: dict[str, Any], key: str = "at") -> float:
-    value = event.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float(event["t"])
+    """The event's ``key`` time, or its ``t`` when that is missing or not a time."""
+    value = finite_time(event.get(key))
+    return float(event["t"]) if value is None else value
 
 
 def intervals(events: list[dict[str, Any]], end: float) -> list[tuple[float, float, str]]:
@@ -116,12 +118,11 @@ def intervals(events: list[dict[str, Any]], end: float) -> list[tuple[float, flo
             if event.get("exit_code"):
                 failed_at.setdefault(attempt, _at(event, "failed_at") if event.get("failed_at") else event["t"])
         elif kind == "hang":
-            timeout = event.get("timeout_s")
             failed_at[attempt] = min(failed_at.get(attempt, event["t"]), event["t"])
-            wait = float(timeout) if isinstance(timeout, (int, float)) else 0.0
+            wait = finite_time(event.get("timeout_s")) or 0.0
             spans.append((event["t"] - wait, event["t"], "hang waits"))
         elif kind == "phase":
-            key = (str(event.get("name")), event.get("node"))
+            key = (clip(str(event.get("name"))), event.get("node"))
             if event.get("edge") == "span":
                 spans.append((_at(event), _at(event, "until"), PHASE_LABELS.get(key[0], key[0])))
             elif event.get("edge") == "start":
@@ -179,7 +180,7 @@ def analyse(run_dir: str) -> tuple[Goodput, list[dict[str, Any]]]:
     """The run's breakdown and its events (merged from every node's file)."""
     events, problems = read_events(run_dir)
     if not events:
-        raise ClusterDDPError(f"report: {run_dir}: no events" + (f" ({problems[0]})" if problems else ""))
+        raise ClusterDDPError(f"report: {clip(run_dir)}: no events" + (f" ({clip(problems[0], 200)})" if problems else ""))
     ends = [e["t"] for e in events if e["kind"] == "run_end"]
     finished = bool(ends)
     end = max(ends) if ends else max(e["t"] for e in events)
@@ -194,21 +195,23 @@ def analyse(run_dir: str) -> tuple[Goodput, list[dict[str, Any]]]:
 def timeline_line(event: dict[str, Any], start: float) -> str:
     """One event as a line of the timeline: offset, node, kind, what matters of it."""
     skip = {"t", "kind", "node", "host", "attempt", "file"}
-    details = " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip and v is not None)
-    where = event.get("host") or "?"
-    return f"  {event['t'] - start:9.2f}s  {where:<12} attempt {event.get('attempt', 0)}  {event['kind']:<13} {details}"
+    details = " ".join(f"{clip(str(k), 40)}={_short(v)}" for k, v in event.items() if k not in skip and v is not None)
+    where = clip(event.get("host") or "?", 40)
+    kind = clip(event["kind"], 40)
+    return f"  {event['t'] - start:9.2f}s  {where:<12} attempt {event.get('attempt', 0)}  {kind:<13} {details}"
 
 
 def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    """A field's value for the timeline: one line of at most about 100 characters, control
+    characters escaped (an events file is text anyone who can write the log directory wrote)."""
     if isinstance(value, float):
-        text = f"{value:.3f}"
-    return text if len(text) <= 100 else text[:97] + "..."
+        return f"{value:.3f}" if abs(value) < 1e15 else repr(value)
+    return clip(value if isinstance(value, str) else json.dumps(value), 100)
 
 
 def render(result: Goodput, events: list[dict[str, Any]]) -> str:
     """The human report: timeline, then the breakdown with its sum against the wall clock."""
-    lines = [f"run {os.path.basename(os.path.normpath(result.run_dir))} ({result.run_dir}), started "
+    lines = [f"run {clip(os.path.basename(os.path.normpath(result.run_dir)))} ({clip(result.run_dir)}), started "
              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.start))}, {result.attempts} attempt(s)"]
     lines.append("timeline:")
     lines.extend(timeline_line(e, result.start) for e in events)
@@ -220,10 +223,10 @@ def render(result: Goodput, events: list[dict[str, Any]]) -> str:
     for label in labels:
         seconds = result.parts[label]
         share = 100 * seconds / result.wall if result.wall > 0 else 0.0
-        lines.append(f"  {label:<12} {seconds:9.2f}s  {share:5.1f}%")
+        lines.append(f"  {clip(label, 40):<12} {seconds:9.2f}s  {share:5.1f}%")
     total = sum(result.parts.values())
     lines.append(f"  {'sum':<12} {total:9.2f}s  (wall clock {result.wall:.2f}s)")
-    lines.extend(f"note: {problem}" for problem in result.problems)
+    lines.extend(f"note: {clip(problem, 200)}" for problem in result.problems)
     return "\n".join(lines)
 
 

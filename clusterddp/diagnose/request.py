@@ -19,7 +19,7 @@ from clusterddp.errors import ClusterDDPError
 from clusterddp.procid import NotTheProcess, ProcessIdentity, boot_id, signal_process, start_time, valid_pid
 from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, BadLauncherFile, launcher_files,
                                  read_launcher_file, stacks_reports)
-from clusterddp.validate import escape_controls, shown
+from clusterddp.validate import clip, shown
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,8 @@ def _read(run_dir: str) -> LauncherRecord | None:
     return None if data is None else _record(run_dir, data)
 
 
-def _short(text: str, limit: int = 80) -> str:
-    """``text`` cut for one line: a 5,000-character run id is not echoed whole."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def _bad_file_line(run_dir: str, exc: BadLauncherFile) -> str:
-    return f"{_short(os.path.join(run_dir, LAUNCHER_FILE), 200)}: {exc}"
+    return f"{clip(os.path.join(run_dir, LAUNCHER_FILE), 200)}: {exc}"
 
 
 def find_launcher(target: str | None, log_dir: str) -> LauncherRecord:
@@ -73,18 +68,18 @@ def find_launcher(target: str | None, log_dir: str) -> LauncherRecord:
                 raise ClusterDDPError(f"cannot ask the run's launcher: {_bad_file_line(directory, exc)}") from None
             if found is not None:
                 return found
-        shown_candidates = " or ".join(_short(c, 200) for c in candidates)
+        shown_candidates = " or ".join(clip(c, 200) for c in candidates)
         raise ClusterDDPError(f"no running job found at {shown_candidates} (no {LAUNCHER_FILE})")
     for path in launcher_files(log_dir):
         run_dir = os.path.dirname(path)
         try:
             found = _read(run_dir)
         except BadLauncherFile as exc:
-            print(f"clusterddp: skipped {escape_controls(_bad_file_line(run_dir, exc))}", file=sys.stderr)
+            print(f"clusterddp: skipped {_bad_file_line(run_dir, exc)}", file=sys.stderr)
             continue
         if found is not None and _running(found.process):
             return found
-    raise ClusterDDPError(f"no running clusterddp job found under {_short(log_dir, 200)}/",
+    raise ClusterDDPError(f"no running clusterddp job found under {clip(log_dir, 200)}/",
                           "give the run id or its log directory: clusterddp stacks RUN_ID")
 
 
@@ -108,7 +103,7 @@ class StacksOptions:
 def stacks_main(options: StacksOptions) -> int:
     """Ask the run's launcher for every worker's stack; print the grouped report."""
     record = find_launcher(options.target, options.log_dir)
-    run = _short(record.run_id)
+    run = clip(record.run_id)
     pid = record.process.pid
     before = stacks_reports(record.run_dir, pid)
     try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.schedulers.common import ACTIONS, write_output
+from clusterddp.validate import shown
 
 if TYPE_CHECKING:
     from clusterddp.schedulers.api import Scheduler
@@ -28,7 +29,7 @@ SCHEDULERS: dict[str, str | type[Scheduler[Any]]] = {
 def get_scheduler(name: str) -> Scheduler[Any]:
     """The scheduler called ``name``; an error listing the known names otherwise."""
     if name not in SCHEDULERS:
-        raise ClusterDDPError(f"unknown scheduler {name!r}; known: {', '.join(sorted(SCHEDULERS))}")
+        raise ClusterDDPError(f"unknown scheduler {shown(name)}; known: {', '.join(sorted(SCHEDULERS))}")
     entry = SCHEDULERS[name]
     if isinstance(entry, str):
         module, _, attribute = entry.partition(":")

@@ -112,5 +112,6 @@ def test_stuck_names_the_rank_on_another_node_when_every_rank_here_waits() -> No
     records = [record(0, 20, 100.0), record(1, 20, 100.0), record(2, 20, 100.2), record(3, 19, 99.0)]
     where = {0: RankWhere("in all_reduce", (), True), 1: RankWhere("in all_reduce", (), True)}
     line = hang.stuck(records, where, "n1", 108.0, {2: "n2", 3: "n2"})
-    assert line == "rank(s) 0-1 on n1 wait in a collective; stuck: rank 3 on n2 in phase train for 59s, last step recorded 19"
+    assert line == ("rank(s) 0-1 on n1 wait in a collective; stuck: rank 3 on n2 in phase train (entered 59s ago), "
+                    "no step for 9s (last step recorded 19)")
     assert "on another node" in hang.stuck(records[:2], where, "n1", 108.0)

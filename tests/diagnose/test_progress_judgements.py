@@ -90,6 +90,11 @@ def test_auto_hang_names_the_stuck_rank_its_host_and_phase(job_dir: Path) -> Non
     assert result.returncode == 124, result.stderr
     assert re.search(r"hang: no step on any rank for \d+s \(hang_timeout auto: 5s, .*\); stuck: rank 3 on \S+ "
                      r"in phase train", result.stderr), result.stderr
+    # Both clocks named (issue 32, item 15): "for 11s" was the time in the phase, read as the stall.
+    clocks = re.search(r"stuck: rank 3 on \S+ in phase train \(entered (\d+)s ago\), no step for (\d+)s "
+                       r"\(last step recorded \d+\)", result.stderr)
+    assert clocks, result.stderr
+    assert int(clocks[1]) >= int(clocks[2]), result.stderr  # the phase began before its last step
 
 
 @pytest.mark.parametrize("value, problem", [("sometimes", "expected a number or one of 'auto'"),

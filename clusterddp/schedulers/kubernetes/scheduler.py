@@ -31,7 +31,7 @@ from clusterddp.schedulers.kubernetes.launcher import configmap_name
 from clusterddp.schedulers.kubernetes.render import render_documents
 from clusterddp.sections import k8s_names
 from clusterddp.spec import JobSpec
-from clusterddp.validate import escape_controls, shown
+from clusterddp.validate import clip, escape_controls, shown
 
 #: Resource (plural.group) of each flavor's kind, as kubectl get/delete name it.
 RESOURCES = {"trainjob": "trainjobs.trainer.kubeflow.org", "jobset": "jobsets.jobset.x-k8s.io",
@@ -573,7 +573,7 @@ def logs(options: KubernetesOptions, env: Mapping[str, str], out: IO[str] = sys.
     states = pods_of(base, flavor, name, env)
     if not states:
         selector = f"{POD_SELECTORS[flavor]}={name}"
-        raise KubectlError(f"no pods of {flavor} {name} yet ({shlex.join([*base, 'get', 'pods', '-l', selector])})")
+        raise KubectlError(f"no pods of {flavor} {name} yet ({clip(shlex.join([*base, 'get', 'pods', '-l', selector]), 300)})")
 
     def done() -> bool:
         try:
