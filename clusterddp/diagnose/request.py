@@ -19,7 +19,7 @@ from clusterddp.errors import ClusterDDPError
 from clusterddp.procid import NotTheProcess, ProcessIdentity, boot_id, signal_process, start_time, valid_pid
 from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, BadLauncherFile, launcher_files,
                                  read_launcher_file, stacks_reports)
-from clusterddp.validate import clip, shown
+from clusterddp.validate import clip, escape_controls, shown
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,9 @@ def stacks_main(options: StacksOptions) -> int:
         new = sorted(stacks_reports(record.run_dir, pid) - before)
         if new:
             time.sleep(0.1)  # the launcher writes the file in one go; let it finish
-            with open(new[-1], encoding="utf-8") as f:
-                print(f.read(), end="")
+            with open(new[-1], encoding="utf-8", errors="replace") as f:
+                # a worker's file or function name reaches the terminal as text, not as escapes
+                print("\n".join(escape_controls(line) for line in f.read().splitlines()))
             print(f"(saved in {new[-1]})")
             return 0
         time.sleep(0.05)
