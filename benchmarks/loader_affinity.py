@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 WARNING = "Our suggested max number of worker in current system is"
@@ -86,9 +87,9 @@ def worker(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    data = Images(args.steps * args.batch * world)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank)
-    loader = DataLoader(data, batch_size=args.batch, sampler=sampler, num_workers=args.loader_workers,
+    data: Any = Images(args.steps * args.batch * world)  # a map-style dataset, duck-typed
+    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=world, rank=rank)
+    loader: DataLoader[Any] = DataLoader(data, batch_size=args.batch, sampler=sampler, num_workers=args.loader_workers,
                         drop_last=True)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3 * 64 * 64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -159,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
           f"batch {args.batch}/rank, {args.steps} steps x {args.epochs} timed epochs per job, "
           f"{args.rounds} rounds; bound = {shown}")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    variants = {"bound": shares, "unbound": [None] * args.nproc}
+    variants: dict[str, list[tuple[int, ...] | None]] = {"bound": shares, "unbound": [None] * args.nproc}
     times: dict[str, list[float]] = {"bound": [], "unbound": []}
     warned: dict[str, bool] = {"bound": False, "unbound": False}
     for r in range(args.rounds):
