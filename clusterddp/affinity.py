@@ -26,7 +26,7 @@ known bus id), it falls back to a weaker rule and says so in a note instead of f
 
 A worker whose share is one CPU (as many CPUs as workers) stays bound, with a note: torch
 sizes a DataLoader by the rank's affinity mask and warns about ``num_workers=2`` there, yet
-on 2 CPUs such ranks ran their steps in 0.79x the time of unbound ones (torchrun's default,
+on 2 CPUs such ranks took a median 0.79x the step time of unbound ones (torchrun's default,
 and what "the node's set" is on a CPU node): ``benchmarks/loader_affinity.py``, issue 37.
 """
 
@@ -167,12 +167,13 @@ class Binding:
 
 
 #: The note on workers bound to one CPU each: what torch prints in them, and why they stay
-#: bound (the figure of ``benchmarks/loader_affinity.py``, 2 ranks on 2 CPUs, 8 rounds).
+#: bound (the figure of ``benchmarks/loader_affinity.py``, 2 ranks on 2 CPUs, two runs of 8
+#: rounds: median per-round ratio bound / unbound 0.787 and 0.783; docs/gpu.md).
 ONE_CPU_NOTE = ("{who} bound to a single CPU: a DataLoader(num_workers=2) there runs its loader processes "
                 "on that CPU too, and torch warns \"This DataLoader will create 2 worker processes in total. "
                 "Our suggested max number of worker in current system is 1\"; kept bound, as bound ranks "
-                "ran their steps in 0.79x the time of unbound ones (benchmarks/loader_affinity.py, "
-                "2 ranks on 2 CPUs); cpu_affinity: none leaves them unbound")
+                "took a median 0.79x the step time of unbound ones in two runs "
+                "(benchmarks/loader_affinity.py, 2 ranks on 2 CPUs); cpu_affinity: none leaves them unbound")
 
 
 def plan_binding(mode: str, nproc: int, topology: CpuTopology,
