@@ -23,6 +23,11 @@ Modes (``cpu_affinity`` in the job file, ``--cpu-affinity`` on the command line)
 A binding is only ever a subset of the launcher's own affinity mask (what SLURM's cgroup or
 ``taskset`` gave it). When a rule cannot be met (more workers than cores, GPUs without a
 known bus id), it falls back to a weaker rule and says so in a note instead of failing.
+
+A worker whose share is one CPU (as many CPUs as workers) stays bound, with a note: torch
+sizes a DataLoader by the rank's affinity mask and warns about ``num_workers=2`` there, yet
+on 2 CPUs such ranks took a median 0.79x the step time of unbound ones (torchrun's default,
+and what "the node's set" is on a CPU node): ``benchmarks/loader_affinity.py``, issue 37.
 """
 
 from __future__ import annotations
@@ -161,10 +166,36 @@ class Binding:
         return "not bound" if cpus is None else format_cpulist(cpus)
 
 
+#: The note on workers bound to one CPU each: what torch prints in them, and why they stay
+#: bound (the figure of ``benchmarks/loader_affinity.py``, 2 ranks on 2 CPUs, two runs of 8
+#: rounds: median per-round ratio bound / unbound 0.787 and 0.783; docs/gpu.md).
+ONE_CPU_NOTE = ("{who} bound to a single CPU: a DataLoader(num_workers=2) there runs its loader processes "
+                "on that CPU too, and torch warns \"This DataLoader will create 2 worker processes in total. "
+                "Our suggested max number of worker in current system is 1\"; kept bound, as bound ranks "
+                "took a median 0.79x the step time of unbound ones in two runs "
+                "(benchmarks/loader_affinity.py, 2 ranks on 2 CPUs); cpu_affinity: none leaves them unbound")
+
+
 def plan_binding(mode: str, nproc: int, topology: CpuTopology,
                  gpu_cpus: Sequence[tuple[int, ...] | None] = ()) -> Binding:
     """The CPU set of each of ``nproc`` workers; worker i uses GPU i when there are GPUs,
-    and ``gpu_cpus[i]`` are the CPUs next to that GPU (``gpu_local_cpus``)."""
+    and ``gpu_cpus[i]`` are the CPUs next to that GPU (``gpu_local_cpus``). Workers left a
+    single CPU get ``ONE_CPU_NOTE``, in every mode: torch warns in them, and why they are kept."""
+    binding = _plan(mode, nproc, topology, gpu_cpus)
+    single = [rank for rank, cpus in enumerate(binding.cpus) if cpus is not None and len(cpus) == 1]
+    if not single:
+        return binding
+    if len(single) == len(binding.cpus):
+        who = "every worker is"
+    elif len(single) == 1:
+        who = f"local rank {single[0]} is"
+    else:
+        who = f"local ranks {format_cpulist(single)} are"
+    return Binding(binding.cpus, binding.notes + (ONE_CPU_NOTE.format(who=who),))
+
+
+def _plan(mode: str, nproc: int, topology: CpuTopology, gpu_cpus: Sequence[tuple[int, ...] | None]) -> Binding:
+    """``plan_binding`` without the one-CPU note: the mode's rule and its fallbacks."""
     if mode not in MODES:
         raise ValueError(f"unknown cpu affinity mode {mode!r}")
     if mode == "none" or nproc < 1 or not topology.allowed:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from clusterddp.affinity import (
     plan_binding,
     read_topology,
 )
+from tests.conftest import REPO, cli_env, write_job
 
 # A two-socket GPU node as sysfs shows it: NUMA node 0 = cpus 0-7, node 1 = cpus 8-15;
 # hyperthread siblings are (0,1), (2,3)...; one L3 per 4 cpus; GPUs 0,1 on node 0, 2,3 on node 1.
@@ -166,3 +170,76 @@ def test_local_cpulist_wins_over_numa_node(tmp_path: Path) -> None:
     assert gpu_local_cpus("0000:18:00.0", str(sysfs)) == (2, 3, 4, 5)
     assert gpu_local_cpus("0000:3b:00.0", str(sysfs)) == NODE0
     assert gpu_local_cpus("0000:99:00.0", str(sysfs)) is None
+
+
+
+
+@pytest.mark.parametrize("cpus, cores, nproc, expected, who", [
+    ((0, 1), {0: 0, 1: 1}, 2, ((0,), (1,)), "every worker is"),  # as many CPUs as workers (issue 37)
+    ((0, 1, 2), {0: 0, 1: 1, 2: 2}, 2, ((0, 1), (2,)), "local rank 1 is"),  # the odd CPU out
+    ((0, 1, 2, 3, 4), {c: c for c in range(5)}, 4, ((0, 1), (2,), (3,), (4,)), "local ranks 1-3 are"),
+    ((0, 1), {0: 0, 1: 0}, 2, ((0,), (1,)), "every worker is"),  # one core's two hyperthreads
+    ((5,), {5: 5}, 1, ((5,),), "every worker is"),
+])
+def test_single_cpu_shares_stay_bound_with_one_note(cpus: tuple[int, ...], cores: dict[int, int], nproc: int,
+                                                    expected: tuple[tuple[int, ...], ...], who: str) -> None:
+    """A worker left one CPU stays bound (bound ran faster: benchmarks/loader_affinity.py), and
+    one note says torch's DataLoader warns there, quoting it, with the figure and the way out."""
+    binding = plan_binding("auto", nproc, CpuTopology(allowed=cpus, core=cores))
+    assert binding.cpus == expected
+    notes = [note for note in binding.notes if "DataLoader" in note]
+    assert len(notes) == 1 and notes[0].startswith(who + " bound to a single CPU"), binding.notes
+    assert "Our suggested max number of worker in current system is 1" in notes[0]
+    assert "benchmarks/loader_affinity.py" in notes[0] and "cpu_affinity: none" in notes[0]
+
+
+def test_single_cpu_note_on_gpu_node(tmp_path: Path) -> None:
+    """Two GPUs whose NUMA node the launcher may use only 2 CPUs of: exclusive gives one each, with the note."""
+    topology = read_topology(str(fake_sysfs(tmp_path)), allowed=[0, 2])
+    binding = plan_binding("exclusive", 2, topology, [NODE0, NODE0])
+    assert binding.cpus == ((0,), (2,))
+    assert [note for note in binding.notes if "DataLoader" in note] != []
+
+
+@pytest.mark.parametrize("mode, nproc, cpus", [
+    ("auto", 2, (0, 1, 2, 3)),  # two CPUs each: torch suggests 2 loader processes, no warning
+    ("none", 2, (0, 1)),
+    ("auto", 4, (0, 1)),  # more workers than CPUs: not bound at all
+])
+def test_no_single_cpu_note_when_no_worker_has_one_cpu(mode: str, nproc: int, cpus: tuple[int, ...]) -> None:
+    """The note is there only when a worker is bound to exactly one CPU."""
+    binding = plan_binding(mode, nproc, CpuTopology(allowed=cpus, core={c: c for c in cpus}))
+    assert not [note for note in binding.notes if "DataLoader" in note], binding.notes
+
+
+def _launch_on_two_cpus(job: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``clusterddp run JOB FLAGS`` from a launcher that has exactly 2 CPUs (taskset), the
+    same on any machine; the output with every rank's log."""
+    two = format_cpulist(sorted(os.sched_getaffinity(0))[:2])
+    return subprocess.run(["taskset", "-c", two, sys.executable, "-m", "clusterddp", "run", str(job), *flags],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=180)
+
+
+def test_one_cpu_workers_and_torchs_dataloader_warning_explained(tmp_path: Path) -> None:
+    """Issue 37: a launcher with 2 CPUs binds its 2 gloo ranks to one CPU each under auto
+    (kept: bound ran faster than unbound, benchmarks/loader_affinity.py), so each rank's
+    DataLoader(num_workers=2) makes torch warn; the dry run's one affinity note says so,
+    quoting torch, with the figure and how to unbind."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs 2 CPUs in this process's affinity mask")
+    job = write_job(tmp_path, script="loader_workers.py", cpu_affinity="auto")
+    result = _launch_on_two_cpus(job)
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("rank*.log")))
+    output = result.stdout + result.stderr + logs
+    assert result.returncode == 0, output
+    assert output.count("sum 240") >= 2, output  # both ranks read every batch: 2 x (0 + ... + 15)
+    assert sorted(re.findall(r"cpus (\[[\d, ]*\])", result.stdout)) == [f"[{allowed[0]}]", f"[{allowed[1]}]"], output
+    torch_says = "Our suggested max number of worker in current system is 1"
+    assert torch_says in output, output  # torch's own words, which the note must quote
+    dry = _launch_on_two_cpus(job, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    notes = [line for line in dry.stdout.splitlines() if line.startswith("note:") and "DataLoader" in line]
+    assert len(notes) == 1, dry.stdout
+    assert torch_says in notes[0] and "benchmarks/loader_affinity.py" in notes[0], notes[0]
+    assert "cpu_affinity: none" in notes[0], notes[0]
