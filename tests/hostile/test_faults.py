@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from clusterddp.launch import cgroup
 from clusterddp.launch.logs import LINE_LIMIT, ConsoleSink, WorkerOutput, visible
-from tests.conftest import REPO, cli, cli_env, start_cli, wait_for, write_job
+from tests.conftest import BIN, REPO, cli, cli_env, start_cli, wait_for, write_job
 
 CONTROL_BYTES = (b"\x1b", b"\x07", b"\x08", b"\r", b"\x00", b"\x7f", b"\xc2\x9b")
 
@@ -246,6 +246,61 @@ def test_kill_9_of_the_launcher_takes_the_daemon_along(tmp_path: Path, use_cgrou
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _preload_daemon_job(tmp_path: Path, mode: str, *args: str) -> Path:
+    """A warm job whose preload (tests/bin/preload_daemon.py) starts a process in a new
+    session in the zygote: its child (``setsid``) or a daemon (``double-fork``)."""
+    return write_job(tmp_path, script="exit_with.py", args=list(args), warm_start=True, preload=["preload_daemon"],
+                     env={"PYTHONPATH": str(BIN), "PRELOAD_DAEMON_DIR": str(tmp_path), "PRELOAD_DAEMON_MODE": mode})
+
+
+def _end_daemon(pid: int) -> list[int]:
+    """[pid] if the daemon still ran (then it is ended here, by its pid), else []."""
+    if not _alive(pid):
+        return []
+    os.kill(pid, signal.SIGKILL)
+    return [pid]
+
+
+@pytest.mark.parametrize("mode", ["setsid", "double-fork"])
+@pytest.mark.parametrize("use_cgroup", [True, False], ids=["cgroup", "subreaper"])
+def test_a_daemon_a_preload_starts_is_gone_after_the_job(tmp_path: Path, use_cgroup: bool, mode: str) -> None:
+    """A process in a new session (its child, or a double-forked daemon), empty environment,
+    started by a preload in the warm interpreter: gone after the job."""
+    proc = start_cli("run", str(_preload_daemon_job(tmp_path, mode, "0")), env=_env_for(use_cgroup))
+    out, err = proc.communicate(timeout=300)
+    daemon = _read_pid(tmp_path / "preload_daemon.pid")
+    # SIGKILLed before the launcher exited; the kernel may still be ending it: no timing claim.
+    wait_for(lambda: not _alive(daemon), timeout=60)
+    left = _end_daemon(daemon)
+    assert proc.returncode == 0, err
+    assert "warm start off" not in err
+    assert not left, f"the preload's daemon (pid {left}) outlived the job"
+    assert not _cgroups_of(proc.pid)
+
+
+@pytest.mark.parametrize("mode", ["setsid", "double-fork"])
+def test_kill_9_of_the_launcher_takes_a_preload_daemon_along(tmp_path: Path, mode: str) -> None:
+    """kill -9 of the launcher: the reaper kills the preload's daemon through the warm interpreter's cgroup."""
+    proc = start_cli("run", str(_preload_daemon_job(tmp_path, mode, "1", "5")), env=_env_for(True))  # no rank 5: all wait
+    daemon = 0
+    try:
+        daemon = _read_pid(tmp_path / "preload_daemon.pid")
+        # the workers run (forked by the zygote: its cmdline), so the reaper knows everything
+        assert wait_for(lambda: sum("zygote.py" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children())
+                        >= 3, timeout=300)
+        proc.kill()
+        proc.communicate(timeout=60)
+        wait_for(lambda: not _alive(daemon), timeout=60)
+        assert not _end_daemon(daemon), f"the preload's daemon (pid {daemon}) outlived a kill -9 of the launcher"
+        assert wait_for(lambda: not _cgroups_of(proc.pid), timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if daemon:
+            _end_daemon(daemon)
 
 
 def _reapers_of(launcher: int) -> set[int]:
