@@ -269,6 +269,8 @@ class Zygote:
     def _receive(self, doing: str) -> dict[str, Any]:
         try:
             message, _fds = frames.receive(self.sock)
+        except ConnectionResetError:  # it died with our request unread (a loaded machine): as EOF
+            message = None
         except (OSError, ValueError) as exc:
             self._lose(f"its socket failed {doing}: {exc}")
         if message is None:

