@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.testbed.patience import patient
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "tests" / "bin"
 
@@ -57,8 +59,8 @@ def write_job(directory: Path, name: str = "job", **fields: Any) -> Path:
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
-    """Poll ``predicate`` until it is true or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it is true or ``timeout`` (at least patience.FLOOR) passes."""
+    deadline = time.monotonic() + patient(timeout)
     while time.monotonic() < deadline:
         if predicate():
             return True

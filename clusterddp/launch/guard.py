@@ -41,11 +41,13 @@ class Orphans:
     def kill(self) -> None:
         procs.kill_pids(self.adopted)
 
-    def keep(self, pid: int) -> None:
+    def keep(self, pid: int, cgroup: str | None = None) -> None:
         """A child of the launcher that is no orphan (the zygote): left alone, but it dies
-        with a launcher killed by SIGKILL."""
+        with a launcher killed by SIGKILL, and so does its ``cgroup`` (what it started)."""
         self.not_adopted.add(pid)
         self.reaper.watch(pid)
+        if cgroup is not None:
+            self.reaper.watch_cgroup(cgroup)
 
 
 class JobGuard:

@@ -31,6 +31,7 @@ import subprocess
 from typing import IO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.launch import cgroup as cgroups
+from clusterddp.launch import sigstart
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 
 _PR_SET_PDEATHSIG = 1
@@ -53,6 +54,7 @@ def become_subreaper() -> bool:
 def _die_with_parent(parent_pid: int, join: Callable[[], None] | None,
                      cpus: tuple[int, ...] | None = None) -> None:
     """Runs in the child between fork and exec."""
+    sigstart.restore()  # the signal dispositions the launcher inherited, as `python script.py` keeps them
     if join is not None:
         join()  # into the job's cgroup before anything of the worker runs
     if cpus:

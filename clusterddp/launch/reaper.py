@@ -3,8 +3,9 @@
 The reaper holds the read end of a pipe from the launcher and, when it reads EOF without the
 all-clear (the launcher is gone, however it died, ``kill -9`` included), SIGKILLs every worker
 process group and adopted orphan it was told about, the processes carrying the launcher's
-marker, and the job's cgroup. It is the one layer that acts after a ``kill -9``; without it a
-worker's children (a DataLoader worker, a ``setsid`` daemon) outlive the launcher.
+marker, the job's cgroup and the zygote's (``c<path>``, zygotetree.py). It is the one layer
+that acts after a ``kill -9``; without it a worker's children (a DataLoader worker, a
+``setsid`` daemon) outlive the launcher.
 
 A reaper can itself be lost: a stray ``kill``/``pkill -9``, the OOM killer, a ``SIGSTOP``.
 It is the launcher's child, so the kernel tells the launcher at once (SIGCHLD, which wakes the
@@ -83,6 +84,10 @@ class Reaper:
     def watch_pid(self, pid: int) -> None:
         """Tell the reaper about one process (an orphan adopted by the launcher)."""
         self._send(f"p{pid}\n")
+
+    def watch_cgroup(self, path: str) -> None:
+        """Tell the reaper about a cgroup besides the job's (the zygote's, zygotetree.py)."""
+        self._send(f"c{path}\n")
 
     def _send(self, line: str) -> None:
         self._sent.append(line)
@@ -221,13 +226,21 @@ def _reaper_main(read_end: int, token: str, cgroup_dir: str | None) -> None:
                     procs.kill_pids([int(line[1:])])
                 elif line.isdigit():
                     procs.signal_group(int(line), signal.SIGKILL)
-        if cgroup_dir:
-            cgroups.kill(cgroup_dir)
+        dirs = [cgroup_dir] if cgroup_dir else []
+        dirs += _other_cgroups(lines)
+        for path in dirs:
+            cgroups.kill(path)
         procs.kill_marked(token)
-        if cgroup_dir:
-            cgroups.remove(cgroup_dir, time.monotonic() + 5.0)
+        for path in dirs:
+            cgroups.remove(path, time.monotonic() + 5.0)
     finally:
         os._exit(0)
+
+
+def _other_cgroups(lines: set[bytes]) -> list[str]:
+    """The cgroups besides the job's it was told (``c<path>``): only job cgroups, by name."""
+    paths = [os.fsdecode(line[1:]) for line in lines if line.startswith(b"c")]
+    return [p for p in paths if os.path.basename(p).startswith(cgroups.PREFIX)]
 
 
 def _read_until_eof(fd: int) -> set[bytes]:

@@ -15,9 +15,10 @@ How a forked worker stays a worker the supervisor knows (docs/warm-start.md):
   reply gave its pid (``Zygote.answer``); a worker whose reply never came (the zygote died or
   stopped in between) sees the pipe closed unwritten and exits without running anything, and
   its rank starts cold: no rank runs twice, no forked worker runs unsupervised;
-- the zygote lives outside the job's cgroup (a teardown kills the cgroup) and without the
-  launcher's marker (a teardown kills marked processes); it dies with the launcher
-  (PDEATHSIG) and the reaper knows its group.
+- the zygote lives outside the job's cgroup (a teardown kills the cgroup), in one of its own
+  where one can be made, and without the launcher's marker (a teardown kills marked
+  processes); it dies with the launcher (PDEATHSIG), the reaper knows its group and cgroup,
+  and its close ends what its preloads started (zygotetree.py).
 
 When to use it (``warm_start:``): ``auto`` when the entry script imports torch itself (it
 would pay the import anyway, so waiting for the zygote is never slower than a cold start) or
@@ -38,6 +39,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from clusterddp.launch import procs
 from clusterddp.launch import zygote as frames
+from clusterddp.launch.zygotetree import ZygoteTree
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 
 if TYPE_CHECKING:
@@ -151,6 +153,8 @@ class Zygote:
     ready: bool = False
     #: Seconds it took to import torch and the preloads.
     warm_seconds: float | None = None
+    #: Its cgroup, if any, and what its teardown reaches beyond its process group.
+    tree: ZygoteTree = field(default_factory=lambda: ZygoteTree(None))
     _prefix: tuple[str, ...] = field(default=())
 
     @classmethod
@@ -164,17 +168,20 @@ class Zygote:
             out = open(log, "ab") if log else subprocess.DEVNULL
         except OSError:
             out = subprocess.DEVNULL
+        tree = ZygoteTree.open()  # what its teardown reaches (zygotetree.py)
         try:
             proc = procs.spawn([python, *command, str(theirs.fileno()), *preload], env, os.getcwd(),
-                               pass_fds=(theirs.fileno(),), output=out)
+                               cgroup=tree.cgroup, pass_fds=(theirs.fileno(),), output=out)
         except OSError as exc:
             ours.close()
+            tree.kill([])
             raise ZygoteLost(f"cannot start it: {exc.strerror or exc}") from None
         finally:
             theirs.close()
             if not isinstance(out, int):
                 out.close()
-        return cls(proc, ours, started_with=_key(python, env, preload), _prefix=(python, *bootstrap_cmd))
+        return cls(proc, ours, started_with=_key(python, env, preload), tree=tree,
+                   _prefix=(python, *bootstrap_cmd))
 
     def wait_ready(self, stopping: Callable[[], bool], timeout: float = READY_TIMEOUT) -> None:
         """Until it has imported torch and the preloads; ZygoteLost saying why it cannot serve
@@ -242,9 +249,12 @@ class Zygote:
         return forked
 
     def close(self) -> None:
-        """Stop it: EOF on its socket ends it; SIGKILL in case it is stopped or busy."""
+        """Stop it: EOF on its socket ends it; SIGKILL in case it is stopped or busy; then
+        what it started (a preload's processes: its tree and cgroup, zygotetree.py)."""
+        tree = self.tree.snapshot(self.proc.pid)  # before the EOF: once it exits, its children leave its tree
         self.sock.close()
         procs.signal_group(self.proc.pid, signal.SIGKILL)
+        self.tree.kill(tree)
         try:
             self.proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
@@ -260,6 +270,8 @@ class Zygote:
     def _receive(self, doing: str) -> dict[str, Any]:
         try:
             message, _fds = frames.receive(self.sock)
+        except ConnectionResetError:  # it died with our request unread (a loaded machine): as EOF
+            message = None
         except (OSError, ValueError) as exc:
             self._lose(f"its socket failed {doing}: {exc}")
         if message is None:
@@ -317,7 +329,7 @@ class WarmStart:
     off: bool = False
 
     def spawn_all(self, workers: Sequence[tuple["_Plan", Mapping[str, str]]], cgroup: "JobCgroup | None",
-                  started: Callable[[int], None]) -> list[ForkedProcess | None]:
+                  started: Callable[[int, str | None], None]) -> list[ForkedProcess | None]:
         """Each (plan, env) forked, in order; None for those to start cold (the zygote is
         off, said once). All requests go out before the first answer is awaited: the zygote
         forks them back to back instead of waiting for the launcher between two workers."""
@@ -341,14 +353,14 @@ class WarmStart:
                 _close(pipes)  # sees its go pipe closed and exits without running anything
         return forked
 
-    def _ready(self, plan: "_Plan", env: Mapping[str, str], started: Callable[[int], None]) -> Zygote:
+    def _ready(self, plan: "_Plan", env: Mapping[str, str], started: Callable[[int, str | None], None]) -> Zygote:
         """The zygote, started at the first worker (with its environment) or taken from
         ``prestart`` when that one was started the same way, and warmed up."""
         if self.zygote is None:
             zygote_env = zygote_environment(env)
             self.zygote = take_prestarted(plan.argv[0], zygote_env, self.preload) \
                 or Zygote.start(plan.argv[0], _bootstrap_command(), zygote_env, self.preload, zygote_log(plan.log, env))
-            started(self.zygote.proc.pid)
+            started(self.zygote.proc.pid, self.zygote.tree.cgroup_path)
         self.zygote.wait_ready(self.stopping)
         return self.zygote
 

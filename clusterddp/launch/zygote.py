@@ -44,6 +44,7 @@ zipapp imports it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import gc
 import importlib.util
@@ -57,9 +58,10 @@ import sys
 import threading
 import time
 import types
-from typing import Any
+from typing import Any, Iterator
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 #: Seconds a new worker waits to be reparented to the launcher before it gives up.
 _REPARENT_WAIT = 10.0
 #: Request and reply frames: a 4-byte big-endian length, then that much JSON.
@@ -111,7 +113,34 @@ def _tasks() -> int:
 
 
 def warm_up(preloads: list[str]) -> str | None:
-    """Import torch and the preloads; why a fork would be unsafe now (None: it is safe)."""
+    """Import torch and the preloads; why a fork would be unsafe now (None: it is safe).
+
+    Meanwhile the zygote is a child subreaper (``_imports_adopt``): a process the imports
+    start in a new session stays in its tree, for the launcher's teardown to find."""
+    with _imports_adopt():
+        return _warm_up(preloads)
+
+
+@contextlib.contextmanager
+def _imports_adopt() -> Iterator[None]:
+    """The zygote a child subreaper while it imports: a daemon a preload double-forks comes
+    back to it, not to init or the launcher (which may not be a subreaper yet, and takes a
+    child it did not start for a worker's orphan). Undone before the first fork of a worker,
+    whose intermediate must leave it to the launcher (module docstring)."""
+    libc = None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _warm_up(preloads: list[str]) -> str | None:
     if not hasattr(os, "fork"):
         return "this Python has no fork"
     try:
@@ -341,8 +370,12 @@ def main() -> None:
     except (OSError, ImportError) as exc:
         unsafe = unsafe or f"cannot load the bootstrap: {exc}"
     send(sock, {"ready": unsafe is None, "why": unsafe, "seconds": round(time.monotonic() - began, 3)})
-    if unsafe is not None:
-        os._exit(0)
+    if unsafe is not None:  # stay until the launcher is done with us: it ends what the imports started
+        try:
+            while sock.recv(4096):
+                pass
+        finally:
+            os._exit(0)
     # Everything imported so far moves to the permanent generation: a worker's collections
     # never walk (and write to) these objects, so their pages stay shared with the zygote
     # instead of being copied in every worker.

@@ -18,8 +18,8 @@ BOOT = bootstrap.__file__
 
 
 def _both(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    direct = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    booted = subprocess.run([sys.executable, BOOT, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    direct = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    booted = subprocess.run([sys.executable, BOOT, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
     return direct, booted
 
 
@@ -60,9 +60,9 @@ def test_an_ending_keeps_what_python_shutdown_does(tmp_path: Path, how: str, cod
         (tmp_path / kind).mkdir()
     args = [str(BIN / "ending.py")]
     direct = subprocess.run([sys.executable, *args, str(tmp_path / "direct"), how], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=600)
     booted = subprocess.run([sys.executable, BOOT, *args, str(tmp_path / "booted"), how], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=600)
     assert direct.returncode == booted.returncode == code, booted.stderr
     files = {"atexit": "ran\n", "unclosed": "all of it\n", "logged": "logged line\n", "thread": "joined\n"}
     for name, text in files.items():

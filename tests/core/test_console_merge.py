@@ -88,7 +88,7 @@ def test_held_line_goes_out_without_another_line() -> None:
     how soon: a loaded machine may be slow, the window is what the clock test checks)."""
     merger, out = _merger(expected=4, window=0.05)
     merger.add(False, "h", (2,), b"only mine")
-    assert wait_for(lambda: bool(out), timeout=60)
+    assert wait_for(lambda: bool(out), timeout=120)
     assert out == [b"[h rank 2] only mine"]
 
 

@@ -124,7 +124,7 @@ def _calls(tmp_path: Path) -> list[list[object]]:
 def test_supervisor_stops_with_hang_code_when_the_hang_hook_answers(tmp_path: Path) -> None:
     """The supervisor calls new_attempt, then hang on every tick; a reason stops it with exit 124."""
     proc = _supervise(tmp_path, hang_after=3)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 124, err
     assert "hang: told by the test hook" in err
     calls = _calls(tmp_path)
@@ -142,5 +142,5 @@ def test_stacks_request_signal_calls_the_stacks_hook(tmp_path: Path) -> None:
         assert [c for c in _calls(tmp_path) if c[0] == "stacks"][0][1:] == ["requested", [0, 1]]
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
+        proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM

@@ -34,7 +34,7 @@ def test_first_step_is_written_at_once(beat_file: Path) -> None:
     record = progress.read_progress(str(beat_file), rank=3)
     assert record is not None
     assert (record.rank, record.step, record.steps, record.compute_s, record.phase) == (3, 1, 1, 0.25, "train")
-    assert record.step_s is None and record.t is not None and abs(record.t - time.time()) < 5
+    assert record.step_s is None and record.t is not None and abs(record.t - time.time()) < 600  # wall-clock time, not monotonic
 
 
 def test_record_means_over_the_steps_since_the_last(beat_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,7 +50,7 @@ def test_record_means_over_the_steps_since_the_last(beat_file: Path, monkeypatch
     record = progress.read_progress(str(beat_file))
     assert record is not None
     assert (record.step, record.steps) == (12, 2)
-    assert record.step_s is not None and 0.04 < record.step_s < 0.5
+    assert record.step_s is not None and record.step_s > 0.04  # two sleeps of 0.05 s, however loaded the machine
     assert record.compute_s == pytest.approx(0.02)
 
 
@@ -71,12 +71,15 @@ def test_phase_is_written_at_once_and_ends(beat_file: Path) -> None:
 def test_step_context_reports_marked_compute(beat_file: Path) -> None:
     """``with step() as s`` is one heartbeat whose compute is what ``s.compute()`` wrapped."""
     with liveness.step(5) as s:
+        began = time.monotonic()
         with s.compute():
             time.sleep(0.02)
-        time.sleep(0.02)
+        wrapped = time.monotonic() - began
+        time.sleep(0.2)
     record = progress.read_progress(str(beat_file))
     assert record is not None and record.step == 5
-    assert record.compute_s is not None and 0.015 < record.compute_s < 0.035
+    # what compute() wrapped, not the 0.2 s after it (bounds from the test's own clock: no speed claim)
+    assert record.compute_s is not None and 0.015 < record.compute_s <= wrapped + 0.001
 
 
 def test_shorter_record_is_padded_not_torn(beat_file: Path) -> None:

@@ -126,7 +126,7 @@ def test_transient_fault_is_restarted_and_resumes(tmp_path: Path, case: str, mod
             pid = tmp_path / "fault.pid"
             assert wait_for(pid.exists, timeout=60), "the fault's rank never got to step 2"
             os.kill(int(pid.read_text()), signal.SIGTERM if mode == "sigterm" else signal.SIGKILL)
-        _out, err = proc.communicate(timeout=90)
+        _out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -221,7 +221,8 @@ def test_repeated_failure_after_progress_each_time_is_restarted(tmp_path: Path) 
 def test_hang_is_restarted(tmp_path: Path) -> None:
     """An attempt ended by the hang detector is restarted; the hang is an event."""
     script = ATTEMPT + "import time\nprint('up', flush=True)\ntime.sleep(60 if attempt == 0 else 0)\n"
-    done, events = _run(tmp_path, script, restarts=1, hang_timeout=1)
+    # hang_timeout: long enough that attempt 1's start never looks like a hang on a loaded machine
+    done, events = _run(tmp_path, script, restarts=1, hang_timeout=10)
     assert done.returncode == 0, done.stderr
     assert [e["verdict"] for e in _ends(events)] == ["restart", "stop"]
     assert [e["kind"] for e in events].count("hang") == 1

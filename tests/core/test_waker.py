@@ -15,8 +15,7 @@ def test_set_before_wait_wakes_at_once_and_clear_resets() -> None:
     waker = Waker()
     waker.set()
     waker.set()
-    started = time.monotonic()
-    assert waker.wait(5.0) and time.monotonic() - started < 1.0
+    assert waker.wait(0)  # no wait at all: the set is already there
     waker.clear()
     assert not waker.wait(0.05)
 
@@ -25,8 +24,7 @@ def test_set_from_a_thread_wakes_the_waiter() -> None:
     """Another thread's set ends a long wait early."""
     waker = Waker()
     threading.Timer(0.05, waker.set).start()
-    started = time.monotonic()
-    assert waker.wait(5.0) and time.monotonic() - started < 2.0
+    assert waker.wait(600.0)  # returns at the set (a wait to the end would hang the test, not pass it)
 
 
 def test_signal_handler_storm_never_deadlocks() -> None:
@@ -46,9 +44,9 @@ def test_signal_handler_storm_never_deadlocks() -> None:
     thread = threading.Thread(target=storm, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 600  # a deadlock stops the turns; a loaded machine only slows them
         turns = 0
-        while time.monotonic() < deadline:
+        while turns < 200 and time.monotonic() < deadline:
             waker.wait(0.001)
             waker.clear()
             turns += 1
@@ -56,13 +54,12 @@ def test_signal_handler_storm_never_deadlocks() -> None:
         stop.set()
         thread.join(2.0)
         signal.signal(signal.SIGUSR2, previous)
-    assert turns > 10
+    assert turns == 200
 
 
 def test_full_pipe_never_blocks_a_setter() -> None:
     """Thousands of sets without a clear (a pipe's buffer fills) never block the caller."""
     waker = Waker()
-    started = time.monotonic()
-    for _ in range(200_000):
+    for _ in range(200_000):  # a blocking write would hang here, not slow down
         waker.set()
-    assert time.monotonic() - started < 10 and waker.wait(0)
+    assert waker.wait(0)

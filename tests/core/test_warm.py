@@ -6,26 +6,30 @@ import json
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
 from clusterddp.launch import warm
 from clusterddp.launch.warm import entry_file, imports_torch, wanted
-from tests.conftest import BIN, cli, start_cli, wait_for, write_job
+from tests.conftest import BIN, REPO, cli, cli_env, start_cli, wait_for, write_job
 
 #: What differs between any two runs of one job, warm or cold: the run's id, port, marker, pids.
 _PER_RUN = {"MASTER_PORT", "CLUSTERDDP_SUPERVISOR_ID", "pid", "ppid"}
 
 
-def _probe(tmp_path: Path, warm: bool) -> tuple[dict[str, Any], int]:
-    """Run probe_self.py on 2 workers; what rank 0 saw (run id made neutral) and the launcher's pid."""
+def _probe(tmp_path: Path, warm: bool, parent: Sequence[str] = ()) -> tuple[dict[str, Any], int]:
+    """Run probe_self.py on 2 workers; what rank 0 saw (run id made neutral) and the launcher's
+    pid. ``parent``: a command the launcher is started under (``nohup``)."""
     tag = "warm" if warm else "cold"
     job = write_job(tmp_path, name=tag, script="probe_self.py", args=[str(tmp_path), "x"], warm_start=warm)
-    proc = start_cli("run", str(job), "--run-id", f"probe-{tag}")
-    out, err = proc.communicate(timeout=180)
+    proc = subprocess.Popen([*parent, sys.executable, "-m", "clusterddp", "run", str(job), "--run-id", f"probe-{tag}"],
+                            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert "warm start off" not in err
     text = (tmp_path / "rank0.x.json").read_text().replace(f"probe-{tag}", "RUN")
@@ -55,6 +59,45 @@ def test_a_warm_worker_cannot_be_told_from_a_cold_one(tmp_path: Path) -> None:
     assert set(warm["modules"]) == set(cold["modules"]), (set(warm["modules"]) ^ set(cold["modules"]))
     for key in cold:
         assert warm[key] == cold[key], key
+
+
+#: Parents that leave a process some signals ignored: ``nohup`` (SIGHUP), and a shell that
+#: starts it as a background job (SIGINT, SIGQUIT: POSIX, job control off).
+_PARENTS = {
+    "nohup": (["nohup"], {"SIGHUP"}),
+    "sh-background": (["sh", "-c", '"$@" & wait $!', "sh"], {"SIGINT", "SIGQUIT"}),
+}
+
+
+def _ignored(seen: dict[str, Any]) -> set[str]:
+    return {name for name, handler in seen["signals"].items() if "SIG_IGN" in handler}
+
+
+def _plain(tmp_path: Path, parent: Sequence[str]) -> dict[str, Any]:
+    """What probe_self.py saw run as ``python script.py`` (world of 1) under ``parent``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = cli_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    done = subprocess.run([*parent, sys.executable, str(BIN / "probe_self.py"), str(tmp_path), "plain"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads((tmp_path / "rank0.plain.json").read_text()))
+
+
+@pytest.mark.parametrize("parent", sorted(_PARENTS))
+def test_workers_keep_the_signals_the_launcher_inherited(tmp_path: Path, parent: str) -> None:
+    """Under nohup, or as a shell's background job: warm and cold workers ignore what `python script.py` ignores there, and no more."""
+    command, ignored_by_parent = _PARENTS[parent]
+    plain = _plain(tmp_path, command)
+    assert ignored_by_parent <= _ignored(plain)  # the parent did leave them ignored
+    cold, _ = _probe(tmp_path, warm=False, parent=command)
+    warm, _ = _probe(tmp_path, warm=True, parent=command)
+    for seen in (cold, warm):
+        assert _ignored(seen) == _ignored(plain)
+        assert seen["sig_status"]["SigIgn"] == plain["sig_status"]["SigIgn"]
+    assert warm["signals"] == cold["signals"]
+    assert warm["sig_status"] == cold["sig_status"]
 
 
 def _zygote_of(launcher: int) -> int | None:

@@ -65,7 +65,7 @@ def test_hang_across_two_hosts_names_the_stuck_rank(lab2: SSHLab, head_factory) 
     head = head_factory(str(job), "--hostfile", str(lab2.hostfile))
     head.wait_for(r"rank 3 step 2", timeout=120)
     stuck_since = time.monotonic()  # rank 3 enters load_batch for step 3 and never leaves
-    title, reported = wait_stderr(head, r"where each rank is: .*\(hang", timeout=40)
+    title, reported = wait_stderr(head, r"where each rank is: .*\(hang", timeout=600)
     code = head.finish(60)
     after = reported - stuck_since
     cleaned = assert_clean(lab2, 10)

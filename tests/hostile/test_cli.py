@@ -238,7 +238,7 @@ def test_large_dry_run_is_bounded(job: Path, capsys: pytest.CaptureFixture[str])
 ])
 def test_real_cli_in_a_subprocess(job: Path, argv: list[str], expected: str) -> None:
     """Through ``python -m clusterddp``: rc 2, exactly one stderr line, no traceback, no logs, no worker."""
-    result = cli(*[str(job) if a == "JOB" else a for a in argv], cwd=job.parent, timeout=60)
+    result = cli(*[str(job) if a == "JOB" else a for a in argv], cwd=job.parent, timeout=600)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert not (job.parent / "logs").exists() and not (job.parent / "worker-started").exists()
@@ -247,7 +247,7 @@ def test_real_cli_in_a_subprocess(job: Path, argv: list[str], expected: str) -> 
 def test_repository_jobs_still_dry_run() -> None:
     """The shipped example jobs pass every new rule (a dry run of each exits 0)."""
     for path in sorted((REPO / "jobs").glob("*.yaml")):
-        result = cli("run", str(path), "--dry-run", "--nproc-per-node", "1", timeout=60)
+        result = cli("run", str(path), "--dry-run", "--nproc-per-node", "1", timeout=600)
         assert result.returncode == 0, (path, result.stderr)
 
 
@@ -329,7 +329,7 @@ def test_dry_run_runs_no_match_exec_of_the_ssh_config(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("")
     job = tmp_path / "job.yaml"
     job.write_text(f"script: t.py\nssh:\n  hosts: [127.0.0.1]\n  config_file: {config}\n  connect_timeout: 2\n")
-    result = cli("run", str(job), "--dry-run", cwd=tmp_path, timeout=60)
+    result = cli("run", str(job), "--dry-run", cwd=tmp_path, timeout=600)
     assert not canary.exists()
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"clusterddp: error: {config}:4: Match exec "), result.stderr

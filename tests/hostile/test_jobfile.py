@@ -327,7 +327,7 @@ def test_broken_yaml_on_the_command_line_is_one_line_exit_2(tmp_path: Path, name
     """``clusterddp run`` of each parser-level attack: exit 2, one stderr line naming file:line, no traceback."""
     path = tmp_path / "job.yaml"
     path.write_text(text, encoding="utf-8")
-    result = cli("run", str(path), "--dry-run", cwd=tmp_path, timeout=60)
+    result = cli("run", str(path), "--dry-run", cwd=tmp_path, timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr[-2000:]
     lines = result.stderr.splitlines()
@@ -417,7 +417,7 @@ def test_cli_rejects_in_one_line_and_starts_nothing(tmp_path: Path, name: str, b
     path = tmp_path / "job.yaml"
     extra = "" if "nproc_per_node" in body else "nproc_per_node: 1\n"
     path.write_text(f"script: {script}\n" + body + extra, encoding="utf-8")
-    result = cli("run", str(path), cwd=tmp_path, timeout=60)
+    result = cli("run", str(path), cwd=tmp_path, timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     where = f"clusterddp: error: {path}:2: " + (f"{key}: " if key else "")
@@ -433,7 +433,7 @@ def test_cli_special_files_do_not_hang(tmp_path: Path, job_file: str) -> None:
         os.mkfifo(job_file)
     elif job_file == "DIR":
         job_file = str(tmp_path)
-    result = cli("run", job_file, cwd=tmp_path, timeout=30)
+    result = cli("run", job_file, cwd=tmp_path, timeout=600)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "regular file" in result.stderr or "directory" in result.stderr
 
@@ -544,7 +544,7 @@ def test_late_errors_name_file_line_and_key(tmp_path: Path, name: str, argv: lis
     path = tmp_path / "job.yaml"
     (tmp_path / "t.py").write_text("")
     path.write_text("script: t.py\n" + body, encoding="utf-8")
-    result = cli(*[str(path) if a == "JOB" else a for a in argv], cwd=tmp_path, timeout=60)
+    result = cli(*[str(path) if a == "JOB" else a for a in argv], cwd=tmp_path, timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert result.stderr.startswith(f"clusterddp: error: {path}:{expected}"), result.stderr
@@ -555,7 +555,7 @@ def test_an_include_flag_is_named_as_the_flag(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     (tmp_path / "t.py").write_text("")
     path.write_text("script: t.py\nssh:\n  hosts: [node-a]\n", encoding="utf-8")
-    result = cli("run", str(path), "--include", "gpu*", "--dry-run", cwd=tmp_path, timeout=60)
+    result = cli("run", str(path), "--include", "gpu*", "--dry-run", cwd=tmp_path, timeout=600)
     assert result.returncode == 2 and result.stderr.startswith("clusterddp: error: --include 'gpu*' matches no host"), \
         result.stderr
 
@@ -564,7 +564,7 @@ def test_a_container_without_an_image_renders_nothing(tmp_path: Path) -> None:
     """``container: {image: null}``: render slurm exits 2 with one line naming file:line: container.image (was a bare sbatch script)."""
     path = tmp_path / "job.yaml"
     path.write_text(SCRIPT + "container:\n  runtime: oci\n  image: null\n", encoding="utf-8")
-    result = cli("render", "slurm", str(path), cwd=tmp_path, timeout=60)
+    result = cli("render", "slurm", str(path), cwd=tmp_path, timeout=600)
     assert result.returncode == 2 and result.stdout == "", result.stdout[-500:]
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith(f"clusterddp: error: {path}:4: container.image: missing"), result.stderr

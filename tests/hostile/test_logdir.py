@@ -66,9 +66,9 @@ def _run_turning_read_only(tmp_path: Path, read_only_disk: Callable[[Path], None
     proc = start_cli("run", str(job), "--run-id", "ro")
     try:
         assert wait_for(lambda: b"attempt 0" in (run_dir / "rank0.log").read_bytes()
-                        if (run_dir / "rank0.log").exists() else False, timeout=60)
+                        if (run_dir / "rank0.log").exists() else False, timeout=600)
         read_only_disk(run_dir)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -114,7 +114,7 @@ def _finish(*procs: subprocess.Popen[str]) -> list[tuple[int, str, str]]:
     results = []
     for proc in procs:
         try:
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -129,7 +129,7 @@ def test_a_second_job_with_the_same_run_id_is_refused(tmp_path: Path) -> None:
     try:
         assert wait_for(lambda: (ready / "rank0.ready").exists(), timeout=60)
         second = cli("run", "--nproc-per-node", "1", "--run-id", "same", "--log-dir", str(tmp_path / "logs"),
-                     "--", str(BIN / "exit_with.py"), "0", timeout=60)
+                     "--", str(BIN / "exit_with.py"), "0", timeout=600)
     finally:
         (tmp_path / "finish").touch()
         [(code, _, err)] = _finish(first)
@@ -164,10 +164,10 @@ def test_a_killed_launcher_leaves_no_lock_behind(tmp_path: Path) -> None:
     try:
         assert wait_for(lambda: (ready / "rank0.ready").exists(), timeout=60)
         first.kill()
-        first.communicate(timeout=60)
+        first.communicate(timeout=600)
         (tmp_path / "finish").touch()
         second = cli("run", "--nproc-per-node", "1", "--run-id", "again", "--log-dir", str(tmp_path / "logs"),
-                     "--", str(BIN / "exit_with.py"), "0", timeout=60)
+                     "--", str(BIN / "exit_with.py"), "0", timeout=600)
     finally:
         (tmp_path / "finish").touch()
     assert second.returncode == 0, second.stderr
@@ -188,7 +188,7 @@ def test_a_restart_attempt_waits_for_the_previous_launcher(tmp_path: Path) -> No
         assert not (run_dir / "rank0.log").exists()
     finally:
         held.release()
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert (run_dir / "rank0.log").read_text().endswith("---\nrank 0 exiting with 0\n")  # after the restart marker
 
@@ -210,13 +210,13 @@ def test_a_second_ssh_head_with_the_same_run_id_is_refused(tmp_path: Path) -> No
             assert wait_for(lambda: len(list(ready.glob("rank*.ready"))) == 2, timeout=90), first.output()
             second = Head(argv, cwd=tmp_path)
             try:
-                code = second.finish(timeout=60)
+                code = second.finish(timeout=600)
             finally:
                 second.kill()
         finally:
             finish.touch()
             try:
-                first_code = first.finish(timeout=60)
+                first_code = first.finish(timeout=600)
             finally:
                 first.kill()
     assert code == 2, second.output()

@@ -99,7 +99,7 @@ def run_script(script: str, stubs: Path, work: Path, *, shell_line: bool = False
            "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
     argv = ["bash", "-c", script] if shell_line else ["bash", "-s"]
     return subprocess.run(argv, input=None if shell_line else script.encode(), cwd=work, env=env,
-                          capture_output=True, timeout=20)
+                          capture_output=True, timeout=600)
 
 
 def record_dir(job: JobSpec, work: Path) -> str:
@@ -206,7 +206,7 @@ def test_real_sbatch_reads_the_directives_as_the_port_does(tmp_path: Path) -> No
                 continue
             path = tmp_path / "job.sbatch"
             path.write_text(script, encoding="utf-8")
-            result = subprocess.run(["sbatch", "-vvv", str(path)], env=env, capture_output=True, timeout=30)
+            result = subprocess.run(["sbatch", "-vvv", str(path)], env=env, capture_output=True, timeout=600)
             marker = b'Found in script, argument "'
             found = [line.split(marker, 1)[1][:-1].decode("utf-8", "surrogateescape")
                      for line in result.stderr.split(b"\n") if marker in line]

@@ -178,4 +178,4 @@ def fake_openpai(state: FakeOpenPAI) -> Iterator[FakeOpenPAI]:
         state.released.set()
         server.shutdown()
         server.server_close()
-        thread.join(timeout=10)
+        thread.join(timeout=600)

@@ -326,10 +326,10 @@ def test_a_failing_single_task_job_is_not_restarted_by_its_launcher(tmp_path: Pa
                    "restarts: 2\ncpu_affinity: none\ngrace_period: 1\n", encoding="utf-8")
     role = TaskRole("worker", 1, ("127.0.0.1",))
     first = cli("run", str(job), "--log-dir", str(tmp_path / "logs"),
-                env=cli_env(**env_for(role, 0, attempt=0)), timeout=60)
+                env=cli_env(**env_for(role, 0, attempt=0)), timeout=600)
     assert first.returncode == 7, first.stdout + first.stderr
     assert "attempt 1" not in first.stdout and "restart 1 of 2" not in first.stdout + first.stderr
     retry = cli("run", str(job), "--log-dir", str(tmp_path / "logs"),
-                env=cli_env(**env_for(role, 0, attempt=1)), timeout=60)
+                env=cli_env(**env_for(role, 0, attempt=1)), timeout=600)
     assert retry.returncode == 0, retry.stdout + retry.stderr
     assert "rank 1 attempt 1" in retry.stdout

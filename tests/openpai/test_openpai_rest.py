@@ -226,8 +226,8 @@ def test_cli_subprocess_submit_and_conflict_never_print_the_token(pai: FakeOpenP
     """The real command: exit 0 and the id on stdout, then exit 1 with one line on a 409; no token."""
     command = [sys.executable, "-m", "clusterddp", "submit", "openpai", JOB, "--url", pai.url]
     run_env = {**{k: v for k, v in os.environ.items() if "proxy" not in k.lower()}, **env()}
-    first = subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=REPO, timeout=60)
-    second = subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=REPO, timeout=60)
+    first = subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=REPO, timeout=600)
+    second = subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=REPO, timeout=600)
     assert (first.returncode, first.stdout) == (0, "alice~minimal\n"), first.stderr
     assert second.returncode == 1 and second.stdout == ""
     assert second.stderr.strip().startswith("clusterddp: error: OpenPAI already has a job with this name (409")

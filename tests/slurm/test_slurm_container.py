@@ -54,7 +54,7 @@ def run(script: str, stubs: Path, work: Path, **env: str) -> subprocess.Complete
     base = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_OUT": str(work), "SLURM_JOB_ID": "7", "HOME": str(work),
             "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
     return subprocess.run(["bash", "-s"], input=script.encode(), cwd=work, env={**base, **env},
-                          capture_output=True, timeout=20)
+                          capture_output=True, timeout=600)
 
 
 @pytest.mark.parametrize("runtime", sorted(IMAGES))

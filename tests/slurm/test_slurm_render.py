@@ -226,7 +226,7 @@ def run_restarts(tmp_path: Path, exits: str, states: dict[str, str] | None = Non
            "SLURM_JOB_NUM_NODES": str(len(states)), "SLURM_JOB_NODELIST": ",".join(states)}
     with open(tmp_path / "batch.log", "w") as log:  # as under sbatch: the shell's stderr is a file
         result = subprocess.run(["bash", "-s"], input=script, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=log, text=True, timeout=30)
+                                stderr=log, text=True, timeout=600)
     result.stderr = (tmp_path / "batch.log").read_text()
     calls = (tmp_path / "srun.calls").read_text().split("\n")[:-1] if (tmp_path / "srun.calls").exists() else []
     return result, [call.split("\0")[:-1] for call in calls]

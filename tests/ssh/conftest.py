@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.testbed import SSHLab, lab_unavailable_reason, ssh_lab
+from tests.testbed.patience import patient
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(__file__).resolve().parent / "bin"
@@ -108,6 +109,7 @@ class Head:
     def wait_for(self, pattern: str, count: int = 1, timeout: float = 60.0) -> list[str]:
         """Block until ``count`` stdout lines match ``pattern``; fail with the output if not."""
         regex = re.compile(pattern)
+        timeout = patient(timeout)
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
@@ -119,6 +121,7 @@ class Head:
                 self._changed.wait(0.1)
 
     def finish(self, timeout: float = 120.0) -> int:
+        timeout = patient(timeout)
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -19,6 +19,7 @@ import yaml
 from tests.conftest import cli, cli_env
 from tests.ssh.conftest import BIN, REPO, Head, launcher_pid
 from tests.testbed import SSHLab
+from tests.testbed.patience import patient
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -47,7 +48,7 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 def _wait_stderr(head: Head, pattern: str, timeout: float = 90.0) -> float:
     regex = re.compile(pattern)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while not any(regex.search(line) for line in list(head.stderr)):
         assert head.proc.poll() is None and time.monotonic() < deadline, f"no {pattern!r}:\n{head.output()}"
         time.sleep(0.02)
@@ -248,7 +249,7 @@ def test_a_stop_signal_while_the_attempt_ends_stops_every_host(lab2: SSHLab, hea
     job.write_text(yaml.safe_dump(data))
     head = head_factory(str(job), "--hostfile", str(lab2.hostfile))
     head.wait_for("rank 0 ignores SIGTERM")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while not list((tmp_path / "logs").glob("*/events.node1.jsonl")) or '"attempt_end"' not in \
             list((tmp_path / "logs").glob("*/events.node1.jsonl"))[0].read_text():
         assert time.monotonic() < deadline and head.proc.poll() is None, head.output()

@@ -31,7 +31,7 @@ def test_port_that_closes_at_once_is_one_line(tmp_path: Path) -> None:
     job.write_text(f"script: {REPO / 'jobs' / 'hello.py'}\n"
                    f"ssh: {{config_file: {tmp_path / 'ssh_config'}, connect_timeout: 3}}\n")
     try:
-        result = cli("run", str(job), "--hostfile", str(tmp_path / "hosts"), cwd=tmp_path, timeout=60)
+        result = cli("run", str(job), "--hostfile", str(tmp_path / "hosts"), cwd=tmp_path, timeout=600)
     finally:
         server.close()
     assert result.returncode == 2

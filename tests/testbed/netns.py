@@ -32,6 +32,7 @@ from typing import Iterator, Sequence
 
 from tests.testbed import namespaces
 from tests.testbed.namespaces import NETNS_DIR, pids_in_netns
+from tests.testbed.patience import patient
 
 PREFIX = "cdssh"
 BRIDGE = namespaces.bridge_name(PREFIX)
@@ -121,6 +122,7 @@ class SSHLab:
 
     def wait_clean(self, timeout: float) -> tuple[bool, float, dict[str, list[int]]]:
         """Poll until no job process is left on any host; returns (clean, seconds, leftovers)."""
+        timeout = patient(timeout)
         start = time.monotonic()
         while True:
             left = {k: v for k, v in self.job_processes().items() if v}

@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from tests.testbed import namespaces
 from tests.testbed.namespaces import NETNS_DIR, pids_in_netns
+from tests.testbed.patience import patient
 
 PREFIX = "cdslurm"
 BRIDGE = namespaces.bridge_name(PREFIX)
@@ -132,6 +133,7 @@ class SlurmCluster:
 
         Polls scontrol instead of ``sbatch --wait``, whose back-off adds tens of seconds.
         """
+        timeout = patient(timeout)
         deadline = time.monotonic() + timeout
         info: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -148,6 +150,7 @@ class SlurmCluster:
 
     def wait_clean(self, timeout: float) -> dict[str, list[int]]:
         """Poll until no job process is left on any node; returns what is left (empty: clean)."""
+        timeout = patient(timeout)
         deadline = time.monotonic() + timeout
         while True:
             left = {n.name: pids for n in self.nodes if (pids := self.node_processes(n))}

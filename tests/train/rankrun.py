@@ -47,7 +47,7 @@ class RankResult:
     stderr: str
 
 
-def run_ranks(args: list[str], nproc: int = 2, timeout: float = 90.0,
+def run_ranks(args: list[str], nproc: int = 2, timeout: float = 600.0,
               env: dict[str, str] | None = None) -> list[RankResult]:
     """Run ``python scenarios.py ARGS`` as ``nproc`` ranks on loopback; wait for all.
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,14 +90,14 @@ def test_merged_inference_equals_single_process(tmp_path: Path) -> None:
     assert [r["score"] for r in merged] == pytest.approx([r["score"] for r in single], rel=1e-6)
 
 
-def test_nan_loss_on_one_rank_stops_all_ranks_quickly_with_one_message(tmp_path: Path) -> None:
-    """A NaN on rank 1 at step 2 makes both ranks stop one step later and exit 65 within seconds; rank 0 says why, once."""
-    started = time.monotonic()
-    results = run_ranks(["train", str(tmp_path), "--nan-at-call", "3"], timeout=60,
-                        env={"CLUSTERDDP_DIST_TIMEOUT": "600"})
-    elapsed = time.monotonic() - started
+def test_nan_loss_on_one_rank_stops_all_ranks_at_the_next_step_with_one_message(tmp_path: Path) -> None:
+    """A NaN on rank 1 at step 2 makes both ranks stop one step later and exit 65, no collective left
+    to time out; rank 0 says why, once."""
+    # A rank left waiting in a collective would wait out the hour of CLUSTERDDP_DIST_TIMEOUT,
+    # far past run_ranks' deadline (which ends as soon as both ranks have exited): no timing claim.
+    results = run_ranks(["train", str(tmp_path), "--nan-at-call", "3"], timeout=600,
+                        env={"CLUSTERDDP_DIST_TIMEOUT": "3600"})
     assert [r.returncode for r in results] == [NONFINITE_LOSS_EXIT_CODE] * 2, results
-    assert elapsed < 30, f"took {elapsed:.1f}s"
     message = "non-finite loss at epoch 0 step 2 on rank 1 (nan)"
     assert message in results[0].stderr, results[0].stderr
     assert "non-finite" not in results[1].stderr
@@ -118,7 +117,7 @@ def test_single_process_run_needs_no_launcher_and_beats_the_heartbeat(tmp_path: 
     beat = tmp_path / "heartbeat"
     proc = subprocess.run([sys.executable, str(SCENARIOS), "train", str(tmp_path), "--epochs", "1"],
                           env=clean_env(CLUSTERDDP_HEARTBEAT_FILE=str(beat)),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "params.pt").exists()
     assert beat.exists()
@@ -147,7 +146,7 @@ def test_nan_before_a_checkpoint_is_caught_within_one_step_and_never_saved(
     # checkpoint after that same step.
     args = ["train", str(tmp_path), "--epochs", "3", "--checkpoint-dir", str(ckpt),
             "--nan-at-call", "8", "--kill-at-call", "7", "--kill-rank", "0"]
-    results = run_ranks(args + (["--fused"] if optimizer == "fused" else []), timeout=60)
+    results = run_ranks(args + (["--fused"] if optimizer == "fused" else []), timeout=600)
     assert [r.returncode for r in results] == [NONFINITE_LOSS_EXIT_CODE] * 2, results
     assert "non-finite loss at epoch 1 step 3 on rank 1 (nan)" in results[0].stderr
     assert "preempted" not in results[0].stderr
