@@ -23,14 +23,14 @@ VALUES = ["None", "0", "1", "3", "255", "256", "257", "-1", "-256", "2**31", "2*
 
 def _direct(value: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(BIN / "exit_value.py"), value], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=600)
 
 
 @pytest.mark.parametrize("value", VALUES)
 def test_the_bootstrap_exits_as_python_does(value: str) -> None:
     direct = _direct(value)
     booted = subprocess.run([sys.executable, bootstrap.__file__, str(BIN / "exit_value.py"), value],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=600)
     assert (booted.returncode, booted.stderr) == (direct.returncode, direct.stderr)
 
 
@@ -49,6 +49,6 @@ def test_a_worker_that_exits_past_a_c_long_fails_the_run(tmp_path: Path, warm: b
     """SystemExit(2**63) ended a worker with 0, so the run reported success."""
     job = write_job(tmp_path, script="exit_value.py", args=[value], nproc_per_node=1, warm_start=warm)
     proc = start_cli("run", str(job))
-    _, err = proc.communicate(timeout=180)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == status, err
     assert status == 0 or f"exit code {status}" in err or f"exited with {status}" in err, err

@@ -55,7 +55,7 @@ def _stop(proc: subprocess.Popen[str], launcher: psutil.Process, signum: int, se
     while proc.poll() is None:
         seen.update(_family(launcher))
         time.sleep(0.01)
-    return proc.communicate(timeout=120)[1]
+    return proc.communicate(timeout=600)[1]
 
 
 @pytest.mark.slow
@@ -98,7 +98,7 @@ def test_a_sigterm_at_any_moment_of_the_start_ends_with_143(tmp_path: Path) -> N
 
 
 def wait_gone(seen: dict[int, float]) -> bool:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600
     while _left_running(seen) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not _left_running(seen)
@@ -109,5 +109,5 @@ def test_a_signal_inherited_as_ignored_stays_ignored() -> None:
     code = ("import signal, sys; from clusterddp import earlystop; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
             "earlystop.install(); print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, "
             "signal.getsignal(signal.SIGTERM) is earlystop._raise)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
     assert out.stdout.split() == ["True", "True"]

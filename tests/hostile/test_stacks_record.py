@@ -32,7 +32,7 @@ def stranger():  # type: ignore[no-untyped-def]
 def _stacks(log_dir: Path, *target: str) -> subprocess.CompletedProcess[str]:
     """``clusterddp stacks`` in a session of its own: a pid of 0 must not reach pytest's group."""
     return subprocess.run([sys.executable, "-m", "clusterddp", "stacks", *target, "--log-dir", str(log_dir),
-                           "--timeout", "1"], env=cli_env(), capture_output=True, text=True, timeout=120,
+                           "--timeout", "1"], env=cli_env(), capture_output=True, text=True, timeout=600,
                           start_new_session=True)
 
 
