@@ -6,7 +6,7 @@ sign of life (``clusterddp.hang``). This leaf reads the content, tolerating ever
 file can be seen in (absent, empty, half-written, an old record's padding, garbage, a
 future version), and offers pure functions over a list of records. Hang detection,
 straggler naming, the restart verdict and the goodput report all read records through
-here, none keeps a private clock (DESIGN.md, "One progress record feeds every judgement").
+here, none keeps a private clock (docs/architecture.md, "One progress record feeds every judgement").
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import subprocess
 from typing import IO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.launch import cgroup as cgroups
-from clusterddp.launch import sigstart
+from clusterddp import sigstart
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 
 _PR_SET_PDEATHSIG = 1

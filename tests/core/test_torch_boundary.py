@@ -1,4 +1,4 @@
-"""Only clusterddp.train imports torch (DESIGN.md): checked on the source of every module."""
+"""Only clusterddp.train imports torch (docs/architecture.md): checked on the source of every module."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The head's own record of a fan-out: its events, and its restart verdict on each attempt.
 
-The SSH head owns the run (DESIGN.md, "One file, one writer"): it writes
+The SSH head owns the run (docs/architecture.md): it writes
 ``logs/<run-id>/events.jsonl`` on the head (``run_start``, each ``attempt_start`` and
 ``attempt_end`` with its verdict, ``restart``, ``stop``, ``run_end``), while every host's
 launcher writes ``events.node<K>.jsonl`` in its own log directory (gathered by ``gather``
