@@ -342,9 +342,10 @@ class LocalSupervisor:
             cause = self.group.check_reaper()  # its SIGCHLD woke us: replaced within ms
             if cause is not None:
                 self.request_stop(cause)
-            # another node's failure ends ours at once: that node gave its own ranks the
-            # verdict's window, and ours run the same code on the same clock
-            if self._stop_reason is not None or self._hang_reason is not None or self._ending():
+            if self._stop_reason is not None or self._hang_reason is not None:
+                return None
+            if self._ending():  # another node failed: the verdict weighs our ranks too
+                self._let_ranks_end()
                 return None
             failed = self.group.poll()
             if failed:
@@ -372,7 +373,7 @@ class LocalSupervisor:
 
     def _let_ranks_end(self) -> None:
         """Before tearing down after a failure that may be deterministic (a worker's own exit
-        before any step: its traceback is not read yet), give the
+        before any step, here or on another node: its traceback is not read yet), give the
         other ranks up to VERDICT_WINDOW to end by themselves: a bug in the code fails every
         rank within moments of each other, a race between ranks leaves its peers running
         (``verdict.verdict``). Only when a restart could follow; a killed rank, or a fault

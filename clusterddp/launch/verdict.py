@@ -145,9 +145,19 @@ VERDICT_WINDOW = 3.0
 
 def rank_ends(exits: Sequence[WorkerExit]) -> list[RankEnd]:
     """Each rank's end: its failure when it ended by itself with a non-zero exit; healthy when
-    it finished, saved a checkpoint on a stop (75), or was stopped by clusterddp."""
-    return [RankEnd(e.rank, None if e.stopped_by_us or e.returncode in (0, PREEMPTED)
-                    else failure_of(e.exit_code, e.signal_name, e.tail)) for e in exits]
+    it finished, saved a checkpoint on a stop (75), or was stopped by clusterddp. A rank
+    clusterddp was stopping that exited with a traceback of its own (an exit code, not the
+    stop's signal) had failed by itself first: a loaded machine's teardown can overtake it."""
+    return [RankEnd(e.rank, _own_failure(e)) for e in exits]
+
+
+def _own_failure(exit: WorkerExit) -> Failure | None:
+    if exit.returncode in (0, PREEMPTED) or (exit.stopped_by_us and exit.returncode < 0):
+        return None
+    failure = failure_of(exit.exit_code, exit.signal_name, exit.tail)
+    if exit.stopped_by_us and failure.exception is None:  # e.g. a SIGTERM handler's sys.exit(143)
+        return None
+    return failure
 
 
 def spread(root: Failure, ends: Sequence[RankEnd]) -> str | None:

@@ -95,7 +95,10 @@ class Worker:
             self.exit = self.exit_record(host, stopped_by_us=True)
         self.output.close(deadline)
         self.exit.log_error = self.output.log_error
-        if self.exit.returncode not in (0, exitcodes.PREEMPTED) and not self.exit.stopped_by_us:
+        # a rank stopped while it was failing by itself (an exit code, not our signal) keeps
+        # its traceback too: the restart verdict weighs how every rank ended (verdict.rank_ends)
+        failed = self.exit.returncode > 0 if self.exit.stopped_by_us else self.exit.returncode != 0
+        if failed and self.exit.returncode != exitcodes.PREEMPTED:
             recorded = [] if self.stale_error_file else read_error_file(self.plan.error_file)
             self.exit.tail = recorded or list(self.output.stderr_tail)
 
