@@ -31,6 +31,7 @@ from clusterddp.launch.waker import Waker
 from clusterddp.launch.warm import WarmStart
 from clusterddp.launch.watch import StdinWatch
 from clusterddp.launch.workers import WorkerGroup, WorkerPlan
+from clusterddp import sigstart
 from clusterddp.protocol import (STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, worker_stop_signal,
                                  write_launcher_file)
 from clusterddp.spec import RestartOnSpec
@@ -410,7 +411,7 @@ class LocalSupervisor:
         previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return previous
-        for sig in STOP_SIGNALS:
+        for sig in sigstart.handled(STOP_SIGNALS):  # nohup's SIGHUP stays ignored
             previous[sig] = signal.signal(sig, self._on_stop_signal)
         for forwarded in self.options.forward_signals:
             previous[forwarded] = signal.signal(forwarded, self._on_forward_signal)

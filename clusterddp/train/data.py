@@ -92,10 +92,21 @@ def default_num_workers(local_world_size: int) -> int:
     which on an 8-GPU node starts 64 processes fighting for the same cores.
     """
     try:
-        cores = len(os.sched_getaffinity(0))
+        mine = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(0, min(8, cores // max(1, local_world_size) - 1))
+        return max(0, min(8, (os.cpu_count() or 1) // max(1, local_world_size) - 1))
+    share = mine if mine < _parents_cpus(mine) else mine // max(1, local_world_size)
+    return max(0, min(8, share - 1))
+
+
+def _parents_cpus(default: int) -> int:
+    """How many CPUs the process that started this rank may use. A rank bound to fewer than
+    its launcher (clusterddp's ``cpu_affinity``, a torchrun ``--numa-binding``) already has
+    its share: dividing it among the node's ranks again would leave loaders idle cores."""
+    try:
+        return len(os.sched_getaffinity(os.getppid()))
+    except OSError:  # the parent is gone, or not ours to ask: take the rank's own set as the node's
+        return default
 
 
 #: Signals a scheduler sends as a warning (preemption, time limit). A loader process takes

@@ -467,3 +467,15 @@ def test_loader_processes_outlive_the_schedulers_warning_signals() -> None:
     time.sleep(0.3)
     seen.extend(batch[0] for batch in iterator)
     assert torch.equal(torch.cat(seen), torch.arange(64).float())
+
+
+def test_a_rank_bound_to_its_share_is_not_divided_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 ranks on a 16-CPU node, each bound to 8: 7 loaders each (was 8 // 2 - 1 = 3); unbound,
+    both with the node's 16: 16 // 2 - 1 = 7 as before."""
+    sets = {0: set(range(8)), os.getppid(): set(range(16))}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: sets[pid])
+    assert default_num_workers(2) == 7
+    sets[0] = set(range(16))
+    assert default_num_workers(2) == 7
+    sets[0] = set(range(4))  # bound to 4 of 16: its own 4, less one for the rank
+    assert default_num_workers(2) == 3
