@@ -187,8 +187,9 @@ def layer_violations() -> list[str]:
 
 
 def _module_of(name: str, modules: dict[str, Path]) -> str | None:
-    """The module an imported name loads: ``clusterddp.launch.plan`` for ``from clusterddp.launch
-    import plan``'s ``clusterddp.launch.plan``, the package for a name defined in it."""
+    """The module an imported name loads: ``clusterddp.launch.start.plan`` for ``from
+    clusterddp.launch.start import plan``'s ``clusterddp.launch.start.plan``, the package for a
+    name defined in it."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
