@@ -90,7 +90,8 @@ def test_the_layout_names_every_package() -> None:
     launch package is named in its row (a newcomer finds a concept by its folder there)."""
     packages = sorted(f"{p.parent.relative_to(REPO)}/" for p in (REPO / "clusterddp").rglob("*/__init__.py"))
     rows = dict(_layout())
-    assert [p for p in packages if p not in rows] == [], "packages missing from README's Layout"
+    missing = [package for package in packages if package not in rows]
+    assert missing == [], f"packages missing from README's Layout: {missing}"
     unnamed = [f"{package}{module.name}" for package in packages if package.startswith("clusterddp/launch/")
                for module in sorted((REPO / package).glob("*.py"))
                if module.name != "__init__.py" and module.name not in _named_files(rows[package])]
