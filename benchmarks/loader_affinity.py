@@ -136,7 +136,7 @@ def run_job(args: argparse.Namespace, shares: list[tuple[int, ...] | None]) -> t
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
         def pin(cpus: tuple[int, ...] | None = cpus) -> None:
-            if cpus:  # as clusterddp.launch.procs binds a worker: before exec
+            if cpus:  # as clusterddp.launch.teardown.procs binds a worker: before exec
                 os.sched_setaffinity(0, cpus)
 
         procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=env, preexec_fn=pin,

@@ -9,8 +9,8 @@ PyYAML is MIT-licensed; its license text travels in the archive (``licenses/PyYA
 
 The archive is reproducible: sorted entries, fixed timestamps, no bytecode. Its
 ``__main__`` runs the CLI (and puts the archive on PYTHONPATH for the workers), or, with
-``BOOTSTRAP_ARG`` first, a worker's bootstrap (clusterddp.launch.bootstrap), or, with
-``ZYGOTE_ARG`` first, the warm interpreter (clusterddp.launch.zygote): a python cannot run a
+``BOOTSTRAP_ARG`` first, a worker's bootstrap (clusterddp.launch.start.bootstrap), or, with
+``ZYGOTE_ARG`` first, the warm interpreter (clusterddp.launch.start.zygote): a python cannot run a
 file by a path inside a zip, but it runs the zip, which imports either from itself.
 """
 
@@ -31,9 +31,9 @@ from clusterddp.atomicfile import write_atomically
 from clusterddp.errors import ClusterDDPError
 
 #: The pyz's first argument that makes it a worker's bootstrap instead of the CLI.
-BOOTSTRAP_ARG = "--clusterddp-bootstrap"  # clusterddp.launch.bootstrap.ZIPAPP_ARG
+BOOTSTRAP_ARG = "--clusterddp-bootstrap"  # clusterddp.launch.start.bootstrap.ZIPAPP_ARG
 #: The pyz's first argument that makes it a node's warm interpreter (the zygote).
-ZYGOTE_ARG = "--clusterddp-zygote"  # clusterddp.launch.warm.ZIPAPP_ARG
+ZYGOTE_ARG = "--clusterddp-zygote"  # clusterddp.launch.start.warm.ZIPAPP_ARG
 #: Files of the clusterddp package that go in (sources and the rendering templates).
 PACKAGE_SUFFIXES = (".py", ".sbatch", ".yaml")
 #: A fixed time for every entry, so the same sources give the same bytes.
@@ -47,11 +47,11 @@ import sys
 archive = os.path.abspath(sys.argv[0])
 if sys.argv[1:2] == [{BOOTSTRAP_ARG!r}]:
     del sys.argv[1]
-    from clusterddp.launch import bootstrap
+    from clusterddp.launch.start import bootstrap
     bootstrap.main()
 elif sys.argv[1:2] == [{ZYGOTE_ARG!r}]:
     del sys.argv[1]
-    from clusterddp.launch import zygote
+    from clusterddp.launch.start import zygote
     zygote.main()
 else:
     # Workers (run by the bootstrap, which replaces sys.path[0]) import clusterddp.train from here.

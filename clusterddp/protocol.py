@@ -2,7 +2,7 @@
 
 Four parties talk without importing each other: the SSH head (``launch/ssh``), the launcher
 it starts on every host (``clusterddp run --watch-stdin --report-json``), the supervisor
-(``launch/supervisor.py``) and every worker's bootstrap (``launch/bootstrap.py``). What
+(``launch/supervise/supervisor.py``) and every worker's bootstrap (``launch/start/bootstrap.py``). What
 travels between them (line markers and their JSON, a byte on stdin, signals, variable names,
 files in the run's log directory) is spelled here and nowhere else:
 
@@ -70,7 +70,7 @@ REMOTE_BLOCK_HEADER = b"clusterddp: stacks of "
 STACKS_REQUEST_BYTE = b"S"
 #: Sent to a run's launcher by ``clusterddp stacks``: the same request, keep running.
 STACKS_REQUEST_SIGNAL = signal.SIGRTMIN + 4
-#: The signals a launcher (``launch/supervisor.py``) and the SSH head (``launch/ssh/fanout.py``)
+#: The signals a launcher (``launch/supervise/supervisor.py``) and the SSH head (``launch/ssh/fanout.py``)
 #: turn into an orderly stop of the job, exit 128+N (like torchrun's --signals-to-handle).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 #: What the stop byte on a remote launcher's stdin says the head received.
@@ -95,7 +95,7 @@ DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
 RECORD_STARTED = "started"
 RECORD_EXIT = "exit"
 #: ``T_MS ATTEMPT restart|stop TEXT``: a node's first failure and its restart verdict
-#: (clusterddp.launch.stepcoord writes it, the sbatch script's ``launchers_failure`` reads it).
+#: (clusterddp.launch.restart.stepcoord writes it, the sbatch script's ``launchers_failure`` reads it).
 RECORD_FAILURE = "failure"
 #: The attempt a launcher restarted in place runs now: the script's count goes on from it.
 RECORD_ATTEMPT = "attempt"
@@ -250,7 +250,7 @@ def result_line(exit_code: int, host: str, root_cause: dict[str, object] | None,
 
     ``root_cause`` carries the failed worker's exit, signal and last lines (its traceback);
     ``progressed``: did any of this host's ranks complete a step in the attempt (None: not
-    known). With them the head applies the restart verdict (``launch/verdict.py``) to the
+    known). With them the head applies the restart verdict (``launch/restart/verdict.py``) to the
     whole job exactly as a launcher alone applies it to its group. ``waiting_after``: the
     attempt that just failed, when the launcher (``--await-restart``) now waits for the head's
     word instead of ending (``"waiting": true``). ``ranks``: how each of its ranks ended

@@ -82,7 +82,7 @@ def _exception_problem(value: str) -> str | None:
 
 @dataclass(frozen=True)
 class RestartOnSpec:
-    """Which failures ``restarts`` retries (launch/verdict.py). By default a failure that will
+    """Which failures ``restarts`` retries (launch/restart/verdict.py). By default a failure that will
     repeat is not: SyntaxError, ImportError, NameError, a missing file, an assert, exit 2
     (argparse) before any step completed, or the same exception at the same place as the
     attempt before with no step in between; on SLURM, a step that failed to launch on every
@@ -132,7 +132,7 @@ class JobSpec:
     #: (clusterddp.hang.StepBudget, docs/diagnose.md).
     hang_timeout: Union[float, Literal["auto"], None] = field(default=None, metadata=check(_hang_timeout))
     #: Fork the workers of every attempt from one interpreter per node that imported torch
-    #: (launch/warm.py): ``auto`` when the entry imports torch itself or ``preload`` is given.
+    #: (launch/start/warm.py): ``auto`` when the entry imports torch itself or ``preload`` is given.
     warm_start: Union[bool, Literal["auto"]] = "auto"
     #: Modules that interpreter imports besides torch (``[torchvision]``); none may start a
     #: thread or CUDA (then every worker starts cold, with one line saying why).

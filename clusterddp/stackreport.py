@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+)$')
 #: Frames of the worker bootstrap are the same in every rank and say nothing.
-_BOOTSTRAP = "clusterddp/launch/bootstrap.py"
+_BOOTSTRAP = "clusterddp/launch/start/bootstrap.py"
 #: Functions of torch.distributed (and DDP's reducer) where a healthy rank waits for others.
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",

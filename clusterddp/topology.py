@@ -2,7 +2,7 @@
 
 ``resolve`` combines what the cluster environment says (``Placement``) with the job file;
 ``Topology`` does the rank arithmetic (torch elastic's assignment), which
-``launch.workerenv.WorkerEnv`` writes into each worker's environment under torchrun's names.
+``launch.start.workerenv.WorkerEnv`` writes into each worker's environment under torchrun's names.
 """
 
 from __future__ import annotations

@@ -10,19 +10,20 @@ from typing import TYPE_CHECKING, Mapping
 from clusterddp.envs import Overrides, detect
 from clusterddp.errors import LaunchError
 from clusterddp.launch.options import RunOptions
-from clusterddp.launch import plan as planning
-from clusterddp.launch import runlock, warm
-from clusterddp.launch.record import LaunchRecord, exit_code_of
-from clusterddp.launch.logs import say
-from clusterddp.launch.rendezvous import master_wait, wait_for_master
+from clusterddp.launch.start import plan as planning
+from clusterddp.launch.supervise import runlock
+from clusterddp.launch.start import warm
+from clusterddp.launch.observe.record import LaunchRecord, exit_code_of
+from clusterddp.launch.observe.logs import say
+from clusterddp.launch.start.rendezvous import master_wait, wait_for_master
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology, check_port_free, resolve
 
 if TYPE_CHECKING:  # imported when needed: the zygote starts before the supervisor's imports (_run_placed)
-    from clusterddp.launch.stepcoord import StepCoordinator
-    from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
-    from clusterddp.launch.workers import WorkerPlan
+    from clusterddp.launch.restart.stepcoord import StepCoordinator
+    from clusterddp.launch.supervise.supervisor import LocalSupervisor, SupervisorOptions
+    from clusterddp.launch.start.workers import WorkerPlan
 
 
 def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
@@ -42,7 +43,7 @@ def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
 
 def supervisor_options(job: JobSpec, topology: Topology, options: RunOptions,
                        run_dir: str | None = None) -> SupervisorOptions:
-    from clusterddp.launch.supervisor import SupervisorOptions
+    from clusterddp.launch.supervise.supervisor import SupervisorOptions
 
     return SupervisorOptions(
         job_name=job.name,
@@ -127,7 +128,7 @@ def _run_placed(job: JobSpec, options: RunOptions, topology: Topology, plans: li
         supervision = supervisor_options(job, topology, options, run_dir)
         # imported here, once the zygote imports torch beside it: the supervisor's modules
         # are most of the launcher's own start-up (docs/warm-start.md: `warm.prestart`)
-        from clusterddp.launch.supervisor import LocalSupervisor
+        from clusterddp.launch.supervise.supervisor import LocalSupervisor
 
         supervisor = LocalSupervisor(topology, plans, supervision)
         supervisor.relayout = lambda moved: _moved_plans(job, options, moved, env, cwd, run_dir, locks)
@@ -168,8 +169,8 @@ def step_coordinator(job: JobSpec, topology: Topology, options: RunOptions,
     the launchers of the step restart in place (stepcoord); None otherwise."""
     if options.record_dir is None or topology.restart_count is None or topology.restart_count >= job.restarts:
         return None
-    from clusterddp.launch.stepcoord import StepCoordinator
-    from clusterddp.launch.workers import TEARDOWN_SLACK
+    from clusterddp.launch.restart.stepcoord import StepCoordinator
+    from clusterddp.launch.start.workers import TEARDOWN_SLACK
 
     return StepCoordinator(options.record_dir, topology, job.restarts, job.restart_on,
                            job.grace_period + TEARDOWN_SLACK, supervisor.runlog.peers, say)

@@ -51,7 +51,7 @@ class RunOptions:
     #: Every node's worker count (hosts with different slots): ranks are their prefix sums.
     workers_per_node: tuple[int, ...] | None = None
     #: Set by the sbatch script: the launcher records there that it started and how it ended
-    #: (clusterddp.launch.record), since srun's status alone says 0 when no task launched.
+    #: (clusterddp.launch.observe.record), since srun's status alone says 0 when no task launched.
     record_dir: str | None = None
 
     def overrides(self, job: JobSpec | None = None) -> Overrides:

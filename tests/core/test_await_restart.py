@@ -14,7 +14,7 @@ from typing import IO
 
 import pytest
 
-from clusterddp.launch.coordinate import Restart, relaid
+from clusterddp.launch.restart.coordinate import Restart, relaid
 from clusterddp.protocol import MAX_WORD, RESULT_MARKER, RestartWord, StdinWords, end_attempt_word, restart_word
 from clusterddp.topology import Topology
 from tests.conftest import cli, cli_env, wait_for, write_job

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.launch import bootstrap
+from clusterddp.launch.start import bootstrap
 from tests.conftest import BIN
 
 BOOT = bootstrap.__file__

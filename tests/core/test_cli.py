@@ -15,7 +15,7 @@ from tests.conftest import BIN, REPO, cli, cli_env
 
 def test_launcher_does_not_import_torch() -> None:
     """Importing the CLI (and running the launcher's modules) never pulls in torch."""
-    code = ("import sys, clusterddp.cli, clusterddp.launch.local, clusterddp.launch.plan, clusterddp.envs; "
+    code = ("import sys, clusterddp.cli, clusterddp.launch.local, clusterddp.launch.start.plan, clusterddp.envs; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
@@ -85,7 +85,7 @@ def test_dry_run_starts_nothing_and_shows_everything(tmp_path: Path) -> None:
     out = result.stdout
     assert "world size 4" in out and "master 10.0.0.5:29512" in out
     assert "1  " in out and "2-3  <- this node" in out
-    bootstrap = REPO / "clusterddp" / "launch" / "bootstrap.py"
+    bootstrap = REPO / "clusterddp" / "launch" / "start" / "bootstrap.py"
     assert f"argv: {sys.executable} {bootstrap} {REPO / 'jobs' / 'hello.py'}" in out
     assert "RANK=3" in out and "GROUP_RANK=1" in out and "MASTER_PORT=29512" in out
     assert not (tmp_path / "l").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.launch.merge import LineMerger, Source, parse_label, ranks_label
+from clusterddp.launch.observe.merge import LineMerger, Source, parse_label, ranks_label
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from tests.conftest import cli, cli_env, wait_for, write_job
 

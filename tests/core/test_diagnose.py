@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from clusterddp.stackreport import format_ranks, group_report, locate, parse_dump
-from clusterddp.launch import bootstrap
+from clusterddp.launch.start import bootstrap
 from tests.conftest import BIN, cli, start_cli, wait_for, write_job
 
 DUMP = '''Thread 0x00007f7033beb6c0 (most recent call first):
@@ -23,8 +23,8 @@ Current thread 0x00007f7034a0db80 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
   File "/home/u/train.py", line 88 in step
   File "/home/u/train.py", line 120 in <module>
-  File "/venv/lib/python3.11/site-packages/clusterddp/launch/bootstrap.py", line 70 in run_script
-  File "/venv/lib/python3.11/site-packages/clusterddp/launch/bootstrap.py", line 80 in <module>
+  File "/venv/lib/python3.11/site-packages/clusterddp/launch/start/bootstrap.py", line 70 in run_script
+  File "/venv/lib/python3.11/site-packages/clusterddp/launch/start/bootstrap.py", line 80 in <module>
 '''
 
 

@@ -1,4 +1,4 @@
-"""Diagnostics as hooks (launch/diagnostics.py): plain data in, a stop reason out; the
+"""Diagnostics as hooks (launch/supervise/diagnostics.py): plain data in, a stop reason out; the
 supervisor calls them and acts on what they answer."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
-from clusterddp.launch.diagnostics import HangCheck, StacksDump
-from clusterddp.launch.workers import RankState
+from clusterddp.launch.supervise.diagnostics import HangCheck, StacksDump
+from clusterddp.launch.start.workers import RankState
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL
 from clusterddp.stackreport import StacksReport
 from tests.conftest import BIN, REPO, wait_for
@@ -85,10 +85,10 @@ def test_stacks_dump_without_live_targets_says_nothing() -> None:
 
 SUPERVISE = textwrap.dedent("""
     import json, sys
-    from clusterddp.launch.diagnostics import DiagnosticHooks
-    from clusterddp.launch.supervisor import LocalSupervisor, SupervisorOptions
-    from clusterddp.launch.workerenv import WorkerEnv
-    from clusterddp.launch.workers import WorkerPlan
+    from clusterddp.launch.supervise.diagnostics import DiagnosticHooks
+    from clusterddp.launch.supervise.supervisor import LocalSupervisor, SupervisorOptions
+    from clusterddp.launch.start.workerenv import WorkerEnv
+    from clusterddp.launch.start.workers import WorkerPlan
     from clusterddp.topology import Topology
 
     out, hang_after = sys.argv[1], int(sys.argv[2])

@@ -187,8 +187,9 @@ def layer_violations() -> list[str]:
 
 
 def _module_of(name: str, modules: dict[str, Path]) -> str | None:
-    """The module an imported name loads: ``clusterddp.launch.plan`` for ``from clusterddp.launch
-    import plan``'s ``clusterddp.launch.plan``, the package for a name defined in it."""
+    """The module an imported name loads: ``clusterddp.launch.start.plan`` for ``from
+    clusterddp.launch.start import plan``'s ``clusterddp.launch.start.plan``, the package for a
+    name defined in it."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
@@ -229,6 +230,64 @@ def module_circles() -> list[str]:
     if not cycle:
         return []
     return [f"{a} -> {b} ({where[(a, b)]})" for a, b in zip(cycle, cycle[1:])]
+
+
+#: Inside ``launch``: its packages, and the modules at its top, bottom to top. A module imports
+#: its own package and the rows below, never up nor across a row (``launch/__init__.py`` draws
+#: the same order).
+LAUNCH_ORDER: tuple[frozenset[str], ...] = (
+    frozenset({"options", "flags"}),
+    frozenset({"observe", "teardown"}),
+    frozenset({"start"}),
+    frozenset({"restart"}),
+    frozenset({"supervise"}),
+    frozenset({"ssh"}),
+    frozenset({"local", "doctor"}),
+)
+#: The most modules a package of ``launch`` holds: a newcomer reads its map at a glance.
+PACKAGE_LIMIT = 12
+
+
+def _launch_part(module: str) -> str | None:
+    """The package (or top module) of ``launch`` a module is in: ``clusterddp.launch.start.warm``
+    -> ``start``; None outside launch and for launch's own ``__init__``."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == [ROOT, "launch"] and len(parts) > 2 else None
+
+
+def launch_violations() -> list[str]:
+    """Every import inside ``launch`` that runs up or across LAUNCH_ORDER, one line each."""
+    rank = {part: i for i, row in enumerate(LAUNCH_ORDER) for part in row}
+    modules = _sources()
+    problems = sorted({f"launch/{part} has no place: add it to LAUNCH_ORDER in tests/core/test_layers.py"
+                       for part in map(_launch_part, modules) if part is not None and part not in rank})
+    for module, path in modules.items():
+        source = _launch_part(module)
+        for target, line in _module_imports(module, path, modules) if source in rank else ():
+            part = _launch_part(target)
+            if part is not None and part != source and rank.get(part, -1) >= rank[source]:
+                problems.append(f"{path.relative_to(REPO)}:{line}: launch.{source} may not import {target}, "
+                                "in a package not below its own")
+    return problems
+
+
+def test_launch_packages_import_only_the_ones_below() -> None:
+    """launch's packages keep one order (no circle among them, nothing imports up), and the
+    drawing in launch/__init__.py is that order."""
+    problems = launch_violations()
+    assert not problems, "imports against launch's order:\n" + "\n".join(problems)
+    text = (REPO / "clusterddp" / "launch" / "__init__.py").read_text()
+    drawing = text.split("never up", 1)[1].split("::", 1)[1].split('"""', 1)[0]
+    rows = [frozenset(name.rstrip("/").removesuffix(".py") for name in line.split())
+            for line in drawing.splitlines() if line.strip()]
+    assert rows[::-1] == list(LAUNCH_ORDER), "launch/__init__.py draws another order than LAUNCH_ORDER"
+
+
+def test_no_launch_package_is_too_big() -> None:
+    """Each package of launch holds at most PACKAGE_LIMIT modules."""
+    packages = [path.parent for path in (REPO / "clusterddp" / "launch").glob("*/__init__.py")]
+    sizes = {p.name: len([m for m in p.glob("*.py") if m.name != "__init__.py"]) for p in packages}
+    assert {name: n for name, n in sizes.items() if n > PACKAGE_LIMIT} == {}, sizes
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:

@@ -1,4 +1,4 @@
-"""Without a head, node 0 judges the nodes whose markers it finds in the run directory (launch/peers.py)."""
+"""Without a head, node 0 judges the nodes whose markers it finds in the run directory (launch/observe/peers.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from clusterddp import hang, progress
-from clusterddp.launch.peers import SEES_FILE, SharedRunDir, marker_name, shared_run_dir
+from clusterddp.launch.observe.peers import SEES_FILE, SharedRunDir, marker_name, shared_run_dir
 from clusterddp.stackreport import RankWhere
 from clusterddp.topology import Topology
 

@@ -45,3 +45,54 @@ def test_the_placement_table_lists_every_environment_in_order() -> None:
     assert len(rows) == len(list(environment_classes())), rows
     for row, cls in zip(rows, environment_classes()):
         assert cls.name in row, (row, cls.name)
+
+
+def _layout() -> list[tuple[str, str]]:
+    """README's "Layout" block as (path, what it says) rows: a row starts at column 0 with its
+    path; indented lines continue the row above."""
+    block = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    rows: list[list[str]] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        if line[0] != " ":
+            path, _, text = line.partition(" ")
+            rows.append([path, text.strip()])
+        else:
+            rows[-1][1] += " " + line.strip()
+    return [(path, text) for path, text in rows]
+
+
+def _named_files(text: str) -> list[str]:
+    """The ``*.py`` names a row's text mentions, relative to the row's folder (``openpai*.py`` a
+    pattern); a name with a folder (``launch/options.py``) is relative to clusterddp/."""
+    return re.findall(r"[\w/*]+\.py\b", text)
+
+
+def test_every_path_the_layout_names_exists() -> None:
+    """Every folder and module README's Layout names is in the tree: a module moved, renamed or
+    split is moved in the Layout too (it once showed flat openpai*.py and kubernetes*.py
+    modules two turns after they became packages)."""
+    missing = []
+    for path, text in _layout():
+        entry = REPO / path
+        if not entry.exists():
+            missing.append(path)
+            continue
+        base = entry if entry.is_dir() else entry.parent
+        missing += [f"{path}: {name}" for name in _named_files(text)
+                    if not list(base.glob(name)) and not list((REPO / "clusterddp").glob(name))]
+    assert missing == [], f"README's Layout names what the tree does not have: {missing}"
+
+
+def test_the_layout_names_every_package() -> None:
+    """Every package under clusterddp/ has its row in README's Layout, and every module of a
+    launch package is named in its row (a newcomer finds a concept by its folder there)."""
+    packages = sorted(f"{p.parent.relative_to(REPO)}/" for p in (REPO / "clusterddp").rglob("*/__init__.py"))
+    rows = dict(_layout())
+    missing = [package for package in packages if package not in rows]
+    assert missing == [], f"packages missing from README's Layout: {missing}"
+    unnamed = [f"{package}{module.name}" for package in packages if package.startswith("clusterddp/launch/")
+               for module in sorted((REPO / package).glob("*.py"))
+               if module.name != "__init__.py" and module.name not in _named_files(rows[package])]
+    assert unnamed == [], f"modules of launch's packages missing from their Layout row: {unnamed}"

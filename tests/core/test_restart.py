@@ -1,4 +1,4 @@
-"""The restart policy and the launcher's exit code, with plain data (launch/restart.py)."""
+"""The restart policy and the launcher's exit code, with plain data (launch/restart/policy.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from clusterddp import exitcodes
-from clusterddp.launch.report import WorkerExit
-from clusterddp.launch.restart import MAX_BACKOFF, RestartPolicy, exit_code
+from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.restart.policy import MAX_BACKOFF, RestartPolicy, exit_code
 
 
 def _exit(returncode: int, rank: int = 0) -> WorkerExit:

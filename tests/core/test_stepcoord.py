@@ -1,4 +1,4 @@
-"""Restarts in place under SLURM, node 0 deciding through the step's directory (launch/stepcoord.py):
+"""Restarts in place under SLURM, node 0 deciding through the step's directory (launch/restart/stepcoord.py):
 real files, the launchers' sides in threads."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import threading
 import time
 from pathlib import Path
 
-from clusterddp.launch.coordinate import AttemptEnded, Restart
-from clusterddp.launch.peers import SharedRunDir
-from clusterddp.launch.report import WorkerExit
-from clusterddp.launch.stepcoord import StepCoordinator, decision_name, end_name
-from clusterddp.launch.verdict import failure_of
+from clusterddp.launch.restart.coordinate import AttemptEnded, Restart
+from clusterddp.launch.observe.peers import SharedRunDir
+from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.restart.stepcoord import StepCoordinator, decision_name, end_name
+from clusterddp.launch.restart.verdict import failure_of
 from clusterddp.spec import RestartOnSpec
 from tests.core.test_peers import Clock, node
 

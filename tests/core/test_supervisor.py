@@ -230,7 +230,7 @@ def test_console_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch: 
     """The [host rank R] prefix is coloured on a TTY; NO_COLOR and pipes turn colour off."""
     import io
 
-    from clusterddp.launch.logs import ConsoleSink, use_colour
+    from clusterddp.launch.observe.logs import ConsoleSink, use_colour
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

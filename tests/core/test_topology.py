@@ -7,7 +7,7 @@ import pytest
 from clusterddp.envs import Overrides, detect
 from clusterddp.envs.base import Placement
 from clusterddp.errors import EnvironmentDetectionError
-from clusterddp.launch.workerenv import WorkerEnv
+from clusterddp.launch.start.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import PORT_BASE, PORT_SPAN, derive_port, resolve
 

@@ -9,7 +9,7 @@ from tests.conftest import REPO
 
 #: Run by path in a process of its own, the warm interpreter, whose whole point is to import
 #: torch (inside a function: the launcher imports this module for its framing only).
-WARM_INTERPRETER = "clusterddp/launch/zygote.py"
+WARM_INTERPRETER = "clusterddp/launch/start/zygote.py"
 
 
 def test_no_module_outside_train_imports_torch() -> None:

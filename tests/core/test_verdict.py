@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from clusterddp.launch.verdict import Failure, RankEnd, failure_of, verdict, will_repeat
+from clusterddp.launch.restart.verdict import Failure, RankEnd, failure_of, verdict, will_repeat
 from clusterddp.spec import RestartOnSpec
 from tests.conftest import cli, cli_env, start_cli, wait_for, write_job
 
@@ -257,7 +257,7 @@ def test_signal_and_hang_are_never_deterministic() -> None:
 def test_an_attempt_without_any_progress_record_counts_as_progress_after_a_minute(tmp_path: Path) -> None:
     """A script that never calls heartbeat: after UNSEEN_PROGRESS_AFTER s its failure is not 'before any progress'."""
     from clusterddp.events import EventLog
-    from clusterddp.launch.runlog import UNSEEN_PROGRESS_AFTER, RunLog
+    from clusterddp.launch.observe.runlog import UNSEEN_PROGRESS_AFTER, RunLog
 
     now = [1000.0]
     runlog = RunLog(EventLog(str(tmp_path), None, "h"), clock=lambda: now[0])

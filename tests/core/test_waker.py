@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from clusterddp.launch.waker import Waker
+from clusterddp.launch.supervise.waker import Waker
 
 
 def test_set_before_wait_wakes_at_once_and_clear_resets() -> None:

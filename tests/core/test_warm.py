@@ -1,4 +1,4 @@
-"""Workers forked by the warm interpreter (launch/warm.py, zygote.py): real processes, real gloo."""
+"""Workers forked by the warm interpreter (launch/start/warm.py, zygote.py): real processes, real gloo."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import pytest
 
-from clusterddp.launch import warm
-from clusterddp.launch.warm import entry_file, imports_torch, wanted
+from clusterddp.launch.start import warm
+from clusterddp.launch.start.warm import entry_file, imports_torch, wanted
 from tests.conftest import BIN, REPO, cli, cli_env, start_cli, wait_for, write_job
 
 #: What differs between any two runs of one job, warm or cold: the run's id, port, marker, pids.
@@ -193,7 +193,7 @@ def test_the_zygote_starts_before_the_worker_group(tmp_path: Path) -> None:
                                            (9, [3, 3, 3])])
 def test_an_attempts_requests_are_shared_over_about_sqrt_n_intermediates(count: int, shares: list[int]) -> None:
     """The zygote forks about sqrt(n) intermediates for n workers, each forking a run of them in order."""
-    from clusterddp.launch import zygote
+    from clusterddp.launch.start import zygote
 
     assert [len(share) for share in zygote._shares(list(range(count)))] == shares
     assert [x for share in zygote._shares(list(range(count))) for x in share] == list(range(count))

@@ -1,4 +1,4 @@
-"""One writer of each worker's environment (launch/workerenv.py), checked on the source and on
+"""One writer of each worker's environment (launch/start/workerenv.py), checked on the source and on
 real workers: every attempt gets what the dry run prints, with its own TORCHELASTIC_RESTART_COUNT."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import ast
 import json
 from pathlib import Path
 
-from clusterddp.launch.workerenv import WorkerEnv
+from clusterddp.launch.start.workerenv import WorkerEnv
 from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, SUPERVISOR_ID_ENV
 from clusterddp.topology import Topology
 from tests.conftest import REPO, cli, cli_env, write_job
 
 PACKAGE = REPO / "clusterddp"
-WRITER = PACKAGE / "launch" / "workerenv.py"
+WRITER = PACKAGE / "launch" / "start" / "workerenv.py"
 #: Every variable the writer can set: a build with every optional input given.
 _TOPOLOGY = Topology(env="local", nnodes=1, node_rank=0, nproc_per_node=1, master_addr="127.0.0.1",
                      master_port=29500, run_id="r", backend="gloo", host="h")
@@ -57,11 +57,12 @@ def _writes(tree: ast.AST) -> list[tuple[int, str]]:
 def _launcher_sources() -> list[Path]:
     """The modules a local ``run`` passes through on its way to a worker (not the SSH head's
     launch/ssh/, which builds a remote launcher's environment, nor train/, the worker's side)."""
-    return sorted([*PACKAGE.glob("*.py"), *(PACKAGE / "launch").glob("*.py"), *(PACKAGE / "envs").glob("*.py")])
+    launch = [path for path in (PACKAGE / "launch").rglob("*.py") if "ssh" not in path.relative_to(PACKAGE).parts]
+    return sorted([*PACKAGE.glob("*.py"), *launch, *(PACKAGE / "envs").glob("*.py")])
 
 
 def test_only_workerenv_writes_a_worker_variable() -> None:
-    """No module of the local run path but launch/workerenv.py stores a variable a worker gets."""
+    """No module of the local run path but launch/start/workerenv.py stores a variable a worker gets."""
     problems = [f"{path.relative_to(REPO)}:{line}: writes {name}"
                 for path in _launcher_sources() if path != WRITER
                 for line, name in _writes(ast.parse(path.read_text(), str(path)))]
@@ -76,7 +77,7 @@ def _function(path: Path, cls: str, name: str) -> ast.FunctionDef:
 
 def test_the_worker_group_passes_the_built_environment_to_exec_untouched() -> None:
     """WorkerGroup.start_all hands procs.spawn and the warm start exactly what plan.env.build(attempt, marker) returned."""
-    start = _function(PACKAGE / "launch" / "workers.py", "WorkerGroup", "start_all")
+    start = _function(PACKAGE / "launch" / "start" / "workers.py", "WorkerGroup", "start_all")
     assigned = [ast.unparse(n.value) for n in ast.walk(start) if isinstance(n, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == "envs" for t in n.targets)]
     assert assigned == ["[plan.env.build(attempt, self.marker) for plan in plans]"]
@@ -96,7 +97,7 @@ def test_the_worker_group_passes_the_built_environment_to_exec_untouched() -> No
 
 def test_the_supervisor_passes_the_attempt_number_through() -> None:
     """The supervisor's start path builds no environment: it gives the group its plans and the attempt."""
-    run_once = _function(PACKAGE / "launch" / "supervisor.py", "LocalSupervisor", "_run_once")
+    run_once = _function(PACKAGE / "launch" / "supervise" / "supervisor.py", "LocalSupervisor", "_run_once")
     starts = [ast.unparse(n) for n in ast.walk(run_once) if isinstance(n, ast.Call)
               and ast.unparse(n.func) in ("self.group.start", "self.group.start_all")]
     assert starts == ["self.group.start_all(self.plans, self.options.first_attempt + attempt)"]

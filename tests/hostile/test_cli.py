@@ -254,7 +254,7 @@ def test_repository_jobs_still_dry_run() -> None:
 def test_environment_too_large_for_exec_is_one_line_before_anything(tmp_path: Path) -> None:
     """argv + environment over the kernel's limit (E2BIG at exec) is a LaunchError naming env, before logs exist."""
     from clusterddp.errors import LaunchError
-    from clusterddp.launch import plan as planning
+    from clusterddp.launch.start import plan as planning
     from clusterddp.spec import load_job
     from clusterddp.topology import Topology
 

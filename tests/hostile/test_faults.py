@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp.launch import cgroup
-from clusterddp.launch.logs import LINE_LIMIT, ConsoleSink, WorkerOutput, visible
+from clusterddp.launch.teardown import cgroup
+from clusterddp.launch.observe.logs import LINE_LIMIT, ConsoleSink, WorkerOutput, visible
 from tests.conftest import BIN, REPO, cli, cli_env, start_cli, wait_for, write_job
 
 CONTROL_BYTES = (b"\x1b", b"\x07", b"\x08", b"\r", b"\x00", b"\x7f", b"\xc2\x9b")
@@ -451,7 +451,7 @@ def test_a_reaper_that_keeps_dying_stops_the_job_with_its_cause(tmp_path: Path) 
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
         _out, err = proc.communicate(timeout=300)
-        from clusterddp.launch.reaper import REPLACEMENTS
+        from clusterddp.launch.teardown.reaper import REPLACEMENTS
         assert len(killed) == REPLACEMENTS + 1, killed
         assert proc.returncode == 1, err
         assert f"stopped: the reaper (pid {killed[-1]}) was killed by SIGKILL" in err, err

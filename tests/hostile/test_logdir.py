@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from clusterddp.launch import runlock
+from clusterddp.launch.supervise import runlock
 from tests.conftest import BIN, cli, start_cli, wait_for, write_job
 from tests.ssh.conftest import Head
 from tests.ssh.conftest import write_job as ssh_job

@@ -16,7 +16,7 @@ import pytest
 from clusterddp.envs import Overrides, detect
 from clusterddp.envs.slurm import SlurmEnv
 from clusterddp.errors import EnvironmentDetectionError
-from clusterddp.launch.workerenv import WorkerEnv
+from clusterddp.launch.start.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import derive_port, resolve
 from clusterddp.validate import MAX_NODES, as_token

@@ -18,7 +18,7 @@ import yaml
 from clusterddp.devices import cgroup_cpu_limit, cpu_count
 from clusterddp.envs import Overrides, detect
 from clusterddp.errors import EnvironmentDetectionError
-from clusterddp.launch.workerenv import WorkerEnv
+from clusterddp.launch.start.workerenv import WorkerEnv
 from clusterddp.spec import JobSpec
 from clusterddp.topology import resolve
 from tests.conftest import REPO, cli, cli_env, write_job

@@ -264,7 +264,7 @@ def test_framework_attempt_is_the_restart_count_with_a_note() -> None:
 def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Path) -> None:
     """Under OpenPAI attempt 2 every planned worker has TORCHELASTIC_RESTART_COUNT=2 and the
     supervisor restarts nothing (restarts: 3 is OpenPAI's); --restart-count still wins."""
-    from clusterddp.launch import plan as planning
+    from clusterddp.launch.start import plan as planning
     from clusterddp.launch.local import resolve_here, supervisor_options
     from clusterddp.launch.options import RunOptions
 

@@ -1,5 +1,5 @@
 """Real SLURM, 2 nodes x 1 worker: the launchers of one srun step restart the job in place
-(clusterddp/launch/stepcoord.py), the verdict stops a failure that will repeat, and a lost
+(clusterddp/launch/restart/stepcoord.py), the verdict stops a failure that will repeat, and a lost
 launcher falls back to the batch script's new step (docs/slurm.md, "Restarts in place")."""
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def test_torchrun_contract_in_an_image_without_clusterddp(cluster: SlurmCluster,
         assert report["all_reduce"] == 6.0
         assert report["cmdline"][1:3] == [report["clusterddp"].rsplit("/clusterddp/", 1)[0], "--clusterddp-zygote"]
     bare_reports, bare = run_contract(cluster, tmp_path / "bare", None)
-    assert all(r["cmdline"][1].endswith("/clusterddp/launch/zygote.py") for r in bare_reports.values()), bare_reports
+    assert all(r["cmdline"][1].endswith("/clusterddp/launch/start/zygote.py") for r in bare_reports.values()), bare_reports
     print(f"{runtime.name}: submit to first rank with torch imported (both warm) {in_container:.1f}s in the "
           f"container, {bare:.1f}s for the same job without one")
 

@@ -18,6 +18,15 @@ One module per concept, in the order a run meets them:
   - ``io``: each host's channel read line by line, lines relayed, heartbeats sent; ``Console``,
     the head's one ``say``
   - ``stacks``: one "where is each rank" round across hosts
+- ``inplace``: whole-job restarts in place: the next attempt on the launchers that wait for
+  it (``--await-restart``), no new session or interpreter
 - ``outcome``: the exit code, the host that failed first and the closing report, pure
   functions over plain data
+- ``headlog``: the head's own record of a fan-out: its events, and its restart verdict on each
+  attempt (``launch.restart.verdict``, as a one-node launcher's)
+- ``gather``: the hosts' event logs brought to the head, so ``clusterddp report`` there covers
+  the job
+
+It builds on the packages below it (``restart``, ``supervise.runlock``, ``observe``) and on
+``options`` and ``flags``; inside launch only ``doctor`` imports it (``cli`` hands it a run).
 """

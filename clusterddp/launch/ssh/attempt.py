@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
-from clusterddp.launch.restart import RestartPolicy, attempt_line
+from clusterddp.launch.restart.policy import RestartPolicy, attempt_line
 from clusterddp.launch.ssh.hosts import Host, choose_hosts, too_few
 from clusterddp.launch.ssh.io import Console
 from clusterddp.launch.ssh.reach import (ConnectSettings, HeadFacts, HostSession, LaunchPlan, PreflightError,

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.hostfile import HostEntry, entries_from_list, read_hostfile, select_hosts
-from clusterddp.launch import runlock
+from clusterddp.launch.supervise import runlock
 from clusterddp.launch.flags import remote_args
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch.ssh.attempt import (Attempt, FanoutOptions, Launch, Start, dry_run_text, forwarded_env,

@@ -6,7 +6,7 @@ The SSH head owns the run (docs/architecture.md): it writes
 launcher writes ``events.node<K>.jsonl`` in its own log directory (gathered by ``gather``
 where that is not the head's). ``clusterddp report`` merges them.
 
-The verdict is the one-node launcher's (``launch/verdict.py``), applied to the root cause
+The verdict is the one-node launcher's (``launch/restart/verdict.py``), applied to the root cause
 across hosts: the failed worker's exit, signal and traceback come in its host's result
 line, whether any rank completed a step in every host's (``protocol.result_line``), the
 previous attempt's failure is remembered here. A failure that will repeat is not restarted,
@@ -19,9 +19,9 @@ import socket
 from typing import Sequence
 
 from clusterddp.events import EventLog
-from clusterddp.launch.restart import RestartPolicy, end_reason
+from clusterddp.launch.restart.policy import RestartPolicy, end_reason
 from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, progressed, rank_ends, verdict_failure
-from clusterddp.launch.verdict import Failure, verdict
+from clusterddp.launch.restart.verdict import Failure, verdict
 from clusterddp.spec import JobSpec
 
 

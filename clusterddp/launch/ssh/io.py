@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Sequence
 
-from clusterddp.launch.merge import LineMerger, Source, parse_label, ranks_label
+from clusterddp.launch.observe.merge import LineMerger, Source, parse_label, ranks_label
 
 from clusterddp.launch.ssh.outcome import HostState
 from clusterddp.launch.ssh.reach import HostSession, LaunchPlan, user_timeout_ms

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
 from clusterddp import exitcodes
-from clusterddp.launch.logs import visible_text
-from clusterddp.launch.verdict import Failure, RankEnd, failure_of
+from clusterddp.launch.observe.logs import visible_text
+from clusterddp.launch.restart.verdict import Failure, RankEnd, failure_of
 
 #: Exit code when a host is lost (ssh's own convention for connection errors).
 HOST_LOST = 255
@@ -155,7 +155,7 @@ def attempt_failure(outcome: Outcome) -> str | None:
 
 
 def verdict_failure(outcome: Outcome) -> Failure | None:
-    """The attempt's first failure as the restart verdict reads it (``launch/verdict.py``):
+    """The attempt's first failure as the restart verdict reads it (``launch/restart/verdict.py``):
     the root host's failed worker (exit, signal, traceback, from its result line), a hang, or
     a lost host; None when nothing failed, or the failure was a launcher's own and not a
     worker's (it is restarted as before: nothing says it will repeat)."""

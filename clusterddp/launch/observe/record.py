@@ -18,7 +18,7 @@ from clusterddp import protocol
 from clusterddp.atomicfile import WriteError
 from clusterddp.earlystop import StoppedEarly
 from clusterddp.errors import ClusterDDPError, LaunchError
-from clusterddp.launch.logs import say
+from clusterddp.launch.observe.logs import say
 
 
 class LaunchRecord:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from clusterddp.launch.report import WorkerExit
-from clusterddp.launch.verdict import Failure, RankEnd
-from clusterddp.launch.workers import WorkerPlan
+from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.restart.verdict import Failure, RankEnd
+from clusterddp.launch.start.workers import WorkerPlan
 from clusterddp.topology import Topology
 
 

@@ -14,9 +14,9 @@ from typing import Mapping
 from clusterddp import affinity
 from clusterddp.devices import GpuInventory, cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
-from clusterddp.launch import bootstrap
-from clusterddp.launch.workerenv import WorkerEnv
-from clusterddp.launch.workers import WorkerPlan
+from clusterddp.launch.start import bootstrap
+from clusterddp.launch.start.workerenv import WorkerEnv
+from clusterddp.launch.start.workers import WorkerPlan
 from clusterddp.spec import JobSpec
 from clusterddp.topology import Topology
 from clusterddp.validate import exec_size_problem, shown

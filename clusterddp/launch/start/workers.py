@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from clusterddp import exitcodes
-from clusterddp.launch import procs
-from clusterddp.launch.guard import JobGuard
-from clusterddp.launch.logs import ConsoleSink, WorkerOutput
-from clusterddp.launch.report import WorkerExit, read_error_file
-from clusterddp.launch.warm import ForkedProcess, WarmStart
-from clusterddp.launch.workerenv import WorkerEnv
+from clusterddp.launch.teardown import procs
+from clusterddp.launch.teardown.guard import JobGuard
+from clusterddp.launch.observe.logs import ConsoleSink, WorkerOutput
+from clusterddp.launch.observe.report import WorkerExit, read_error_file
+from clusterddp.launch.start.warm import ForkedProcess, WarmStart
+from clusterddp.launch.start.workerenv import WorkerEnv
 from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, restart_marker
 
 #: Teardown ends at most this long after the grace period that follows the first SIGTERM

@@ -1,6 +1,6 @@
 """The warm interpreter of one node: import torch once, then fork each worker on request.
 
-``python .../clusterddp/launch/zygote.py FD [PRELOAD...]`` is started by the launcher
+``python .../clusterddp/launch/start/zygote.py FD [PRELOAD...]`` is started by the launcher
 (``warm.py``) by its path, like ``bootstrap.py`` (from the zipapp: ``python ARCHIVE.pyz
 --clusterddp-zygote FD [PRELOAD...]``, warm.zygote_command), under the job's interpreter, in its own
 session, dying with the launcher. It imports torch and the job's ``preload:`` modules and
@@ -37,7 +37,7 @@ forked, and says their pids on its stderr (its log) first.
 
 Only the standard library is imported here besides torch and the preloads, and
 ``bootstrap.py`` is loaded by its path as a private module (not in ``sys.modules``); from the
-zipapp, imported from the archive as ``clusterddp.launch.bootstrap``, as a cold worker of the
+zipapp, imported from the archive as ``clusterddp.launch.start.bootstrap``, as a cold worker of the
 zipapp imports it.
 """
 
@@ -349,8 +349,8 @@ def _bootstrap() -> types.ModuleType:
     """``bootstrap.py`` next to this file, by its path, out of ``sys.modules``; inside the
     zipapp (no file at that path), imported from the archive, as a cold worker's is."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
-    if not os.path.isfile(path) and __name__ == "clusterddp.launch.zygote":
-        from clusterddp.launch import bootstrap
+    if not os.path.isfile(path) and __name__ == "clusterddp.launch.start.zygote":
+        from clusterddp.launch.start import bootstrap
 
         return bootstrap
     spec = importlib.util.spec_from_file_location("_clusterddp_bootstrap", path)

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from clusterddp.launch import cgroup as cgroups
-from clusterddp.launch import procs
+from clusterddp.launch.teardown import cgroup as cgroups
+from clusterddp.launch.teardown import procs
 
 #: A reaper lost this many times within WINDOW seconds is replaced each time; once more stops the job.
 REPLACEMENTS = 3

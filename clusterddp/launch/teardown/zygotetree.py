@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from clusterddp.launch import procs
-from clusterddp.launch.cgroup import JobCgroup
+from clusterddp.launch.teardown import procs
+from clusterddp.launch.teardown.cgroup import JobCgroup
 
 #: Longest wait for the zygote's cgroup to empty after ``cgroup.kill``.
 _CGROUP_WAIT = 2.0

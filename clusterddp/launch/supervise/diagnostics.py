@@ -21,9 +21,9 @@ from clusterddp.hang import (AUTO, PHASE_BUDGET, START_BUDGET, WORK_BUDGET, Rank
                              last_progress, stalled_for, stuck, unannounced_work, work_line)
 from clusterddp.progress import RankProgress, read_all
 from clusterddp.straggler import StragglerWatch
-from clusterddp.launch.peers import SharedRunDir
-from clusterddp.launch.stackdump import Target, collect
-from clusterddp.launch.workers import RankState
+from clusterddp.launch.observe.peers import SharedRunDir
+from clusterddp.launch.supervise.stackdump import Target, collect
+from clusterddp.launch.start.workers import RankState
 from clusterddp.protocol import progress_line, stacks_block_title, stacks_line, write_stacks_report
 from clusterddp.stackreport import StacksReport, build_report
 

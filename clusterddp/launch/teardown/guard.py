@@ -14,9 +14,9 @@ import time
 from typing import Iterable
 
 from clusterddp.errors import LaunchError
-from clusterddp.launch import procs
-from clusterddp.launch.cgroup import JobCgroup
-from clusterddp.launch.reaper import Reaper, ReaperLoss
+from clusterddp.launch.teardown import procs
+from clusterddp.launch.teardown.cgroup import JobCgroup
+from clusterddp.launch.teardown.reaper import Reaper, ReaperLoss
 
 
 class Orphans:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Deque, Sequence, TextIO
 
-from clusterddp.launch.merge import LineMerger, Source, ranks_label
+from clusterddp.launch.observe.merge import LineMerger, Source, ranks_label
 from clusterddp.redact import mask, scrub
 from clusterddp.validate import shown
 

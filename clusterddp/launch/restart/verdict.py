@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from clusterddp.exitcodes import PREEMPTED
-from clusterddp.launch.report import WorkerExit
+from clusterddp.launch.observe.report import WorkerExit
 from clusterddp.spec import RestartOnSpec
 
 #: Exceptions that, before any progress, will be raised again by the same code and files.

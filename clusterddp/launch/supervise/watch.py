@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable
 
-from clusterddp.launch.coordinate import AttemptEnded, Restart
+from clusterddp.launch.restart.coordinate import AttemptEnded, Restart
 from clusterddp.protocol import StdinWords
 
 

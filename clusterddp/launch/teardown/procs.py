@@ -30,7 +30,7 @@ import signal
 import subprocess
 from typing import IO, Callable, Iterable, Mapping, Sequence
 
-from clusterddp.launch import cgroup as cgroups
+from clusterddp.launch.teardown import cgroup as cgroups
 from clusterddp import sigstart
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 

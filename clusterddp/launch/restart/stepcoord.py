@@ -37,9 +37,9 @@ from typing import Callable, Mapping
 
 from clusterddp import exitcodes, protocol
 from clusterddp.atomicfile import WriteError, write_atomically
-from clusterddp.launch.coordinate import AttemptEnded, Restart
-from clusterddp.launch.peers import SharedRunDir
-from clusterddp.launch.verdict import Failure, RankEnd, verdict
+from clusterddp.launch.restart.coordinate import AttemptEnded, Restart
+from clusterddp.launch.observe.peers import SharedRunDir
+from clusterddp.launch.restart.verdict import Failure, RankEnd, verdict
 from clusterddp.spec import RestartOnSpec
 from clusterddp.topology import Topology, free_port
 from clusterddp.validate import read_small_file

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from clusterddp.events import EventLog
-from clusterddp.launch.peers import SharedRunDir
+from clusterddp.launch.observe.peers import SharedRunDir
 from clusterddp.progress import TRAIN, RankProgress, first_step_t, read_all, stepped_since
 
 #: Seconds between two reads of the ranks' records (a read is one small file per rank).

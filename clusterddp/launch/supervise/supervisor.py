@@ -3,7 +3,7 @@
 Follows torch elastic's shape and wires small parts together: a worker group
 (``workers.py``: start, poll, teardown of N processes, each in its own process group, trees,
 orphans and the job's cgroup reaped, done at most grace_period + TEARDOWN_SLACK after the
-first SIGTERM), the restart policy around it (``restart.py``), the SSH session's stdin and
+first SIGTERM), the restart policy around it (``restart/policy.py``), the SSH session's stdin and
 heartbeat (``watch.py``), and diagnostics (stacks, hang) as hooks (``diagnostics.py``).
 What stays here: the loop, signals turned into an orderly stop (the workers get the signal
 the launcher got, Ctrl-C as SIGINT: ``protocol.worker_stop_signal``), the report naming the
@@ -19,18 +19,18 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from clusterddp.events import EventLog
-from clusterddp.launch.coordinate import AttemptEnded, Coordinator, PeerWatch, relaid, replanned
-from clusterddp.launch.diagnostics import DiagnosticHooks, default_hooks
-from clusterddp.launch.logs import ConsoleSink
-from clusterddp.launch.peers import shared_run_dir
-from clusterddp.launch.report import WorkerExit, format_report
-from clusterddp.launch.restart import AttemptEnd, RestartPolicy, end_reason, exit_code
-from clusterddp.launch.runlog import RunLog
-from clusterddp.launch.verdict import VERDICT_WINDOW, Failure, failure_of, rank_ends, verdict, will_repeat
-from clusterddp.launch.waker import Waker
-from clusterddp.launch.warm import WarmStart
-from clusterddp.launch.watch import StdinWatch
-from clusterddp.launch.workers import WorkerGroup, WorkerPlan
+from clusterddp.launch.restart.coordinate import AttemptEnded, Coordinator, PeerWatch, relaid, replanned
+from clusterddp.launch.supervise.diagnostics import DiagnosticHooks, default_hooks
+from clusterddp.launch.observe.logs import ConsoleSink
+from clusterddp.launch.observe.peers import shared_run_dir
+from clusterddp.launch.observe.report import WorkerExit, format_report
+from clusterddp.launch.restart.policy import AttemptEnd, RestartPolicy, end_reason, exit_code
+from clusterddp.launch.observe.runlog import RunLog
+from clusterddp.launch.restart.verdict import VERDICT_WINDOW, Failure, failure_of, rank_ends, verdict, will_repeat
+from clusterddp.launch.supervise.waker import Waker
+from clusterddp.launch.start.warm import WarmStart
+from clusterddp.launch.supervise.watch import StdinWatch
+from clusterddp.launch.start.workers import WorkerGroup, WorkerPlan
 from clusterddp import sigstart
 from clusterddp.protocol import (STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, worker_stop_signal,
                                  write_launcher_file)
@@ -67,7 +67,7 @@ class SupervisorOptions:
     hang_timeout: float | str | None = None
     #: logs/<run-id>: where launcher.json, stack dumps and the event log go.
     run_dir: str | None = None
-    #: Which failures ``restarts`` retries (launch/verdict.py).
+    #: Which failures ``restarts`` retries (launch/restart/verdict.py).
     restart_on: RestartOnSpec = RestartOnSpec()
     #: The job is restarted as a whole from outside (the SSH head, the batch script,
     #: OpenPAI): this node's events say that the restart is not its decision.

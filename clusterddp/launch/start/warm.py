@@ -37,13 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
-from clusterddp.launch import procs
-from clusterddp.launch import zygote as frames
-from clusterddp.launch.zygotetree import ZygoteTree
+from clusterddp.launch.teardown import procs
+from clusterddp.launch.start import zygote as frames
+from clusterddp.launch.teardown.zygotetree import ZygoteTree
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 
 if TYPE_CHECKING:
-    from clusterddp.launch.cgroup import JobCgroup
+    from clusterddp.launch.teardown.cgroup import JobCgroup
 
 #: Longest wait for the zygote's import of torch and the preloads before a cold start.
 READY_TIMEOUT = 120.0
@@ -435,7 +435,7 @@ def zygote_command() -> list[str]:
     is the exact code of the launcher that starts it (docs/warm-start.md, "From the zipapp")."""
     if os.path.isfile(ZYGOTE):
         return [ZYGOTE]
-    archive = ZYGOTE.rsplit(os.sep + os.path.join("clusterddp", "launch", "zygote.py"), 1)[0]
+    archive = ZYGOTE.rsplit(os.sep + os.path.join("clusterddp", "launch", "start", "zygote.py"), 1)[0]
     if archive != ZYGOTE and os.path.isfile(archive):
         return [archive, ZIPAPP_ARG]
     raise ZygoteLost(f"no zygote.py at {ZYGOTE} and no archive holding it")
@@ -451,6 +451,6 @@ def _close(pipes: tuple[int, ...]) -> None:
 
 
 def _bootstrap_command() -> list[str]:
-    from clusterddp.launch import bootstrap
+    from clusterddp.launch.start import bootstrap
 
     return bootstrap.command()

@@ -12,7 +12,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 
 from clusterddp.exitcodes import PREEMPTED
-from clusterddp.launch.logs import visible_text
+from clusterddp.launch.observe.logs import visible_text
 from clusterddp.redact import scrub
 
 

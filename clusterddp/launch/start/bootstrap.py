@@ -1,6 +1,6 @@
 """The first code every worker runs: arm a stack dump on a signal, run the script, end cleanly.
 
-``python .../clusterddp/launch/bootstrap.py SCRIPT ARGS`` (or ``-m MODULE ARGS``) behaves like
+``python .../clusterddp/launch/start/bootstrap.py SCRIPT ARGS`` (or ``-m MODULE ARGS``) behaves like
 ``python SCRIPT ARGS`` (``python -m MODULE ARGS``): the script sees the same ``sys.argv``,
 ``sys.orig_argv``, ``sys.path[0]``, ``__main__`` (``__file__``, ``__cached__``,
 ``__annotations__``, ``__spec__``...) and the same traceback when it raises, with no frame of
@@ -52,14 +52,15 @@ def command() -> list[str]:
     here = os.path.abspath(__file__)
     if os.path.isfile(here):
         return [here]
-    archive = here.rsplit(os.sep + os.path.join("clusterddp", "launch", "bootstrap.py"), 1)[0]
+    archive = here.rsplit(os.sep + os.path.join("clusterddp", "launch", "start", "bootstrap.py"), 1)[0]
     return [archive, ZIPAPP_ARG]
 
 
 def protocol() -> types.ModuleType:
     """``clusterddp/protocol.py`` by its path (no ``import clusterddp``: it may not be
     importable by this interpreter), as a private module left out of ``sys.modules``."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "protocol.py")
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # clusterddp/
+    path = os.path.join(package, "protocol.py")
     if not os.path.isfile(path):  # inside the zipapp, whose clusterddp is importable
         import clusterddp.protocol
 
