@@ -65,16 +65,3 @@ def restore() -> None:
         _set_handler(sig, _SIG_IGN)
     for sig in _ignored_now() - INHERITED_IGNORED:  # ignored by the launcher since: not by the worker
         _set_handler(sig, _SIG_DFL)
-
-
-#: Stop signals a parent keeps from its child by ignoring them: ``nohup``'s hangup, a
-#: non-interactive shell's background job's SIGINT and SIGQUIT. SIGTERM is not among them: it is
-#: how a scheduler stops a job, ignored or not.
-_KEEPABLE = frozenset((signal.SIGHUP, signal.SIGINT, signal.SIGQUIT))
-
-
-def handled(signals: tuple[int, ...]) -> tuple[int, ...]:
-    """Of the stop ``signals``, those the launcher takes as a stop: not one its parent left
-    ignored on purpose (``nohup clusterddp run`` must outlive the terminal's hangup, as
-    ``nohup python script.py`` does)."""
-    return tuple(sig for sig in signals if not (sig in _KEEPABLE and sig in INHERITED_IGNORED))

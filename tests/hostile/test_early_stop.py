@@ -111,23 +111,3 @@ def test_a_signal_inherited_as_ignored_stays_ignored() -> None:
             "signal.getsignal(signal.SIGTERM) is earlystop._raise)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
     assert out.stdout.split() == ["True", "True"]
-
-
-@pytest.mark.slow
-def test_a_job_started_under_nohup_outlives_a_hangup(tmp_path: Path) -> None:
-    """``nohup clusterddp run``: the terminal's SIGHUP is what nohup keeps away, as from
-    ``nohup python script.py``; the job goes on, and SIGTERM still stops it (143)."""
-    job = write_job(tmp_path, script="wait_signal.py", args=[str(tmp_path)])
-    proc = subprocess.Popen(["nohup", sys.executable, "-m", "clusterddp", "run", str(job)], env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    deadline = time.monotonic() + 600
-    while len(list(tmp_path.glob("rank*.ready"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1]
-    proc.send_signal(signal.SIGHUP)
-    time.sleep(1)  # delivered before the SIGTERM (the reason below tells which stopped it)
-    assert proc.poll() is None, proc.communicate()[1]
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 143, err
-    assert "received SIGTERM" in err and "SIGHUP" not in err, err

@@ -34,7 +34,6 @@ from clusterddp.launch.ssh.io import Console, RemoteLauncher, restart_hosts, sta
 from clusterddp.launch.ssh.outcome import HostState, Outcome, attempt_failure, format_outcome
 from clusterddp.launch.ssh.reach import ConnectSettings, PreflightError
 from clusterddp.launch.ssh.relay import Relay
-from clusterddp import sigstart
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, restart_marker, write_launcher_file
 from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
@@ -447,7 +446,7 @@ def _raise_fd_limit(n_hosts: int, console: Console) -> None:
 
 
 def _install(stop: _Stop) -> None:
-    for signum in sigstart.handled(STOP_SIGNALS):  # nohup's SIGHUP stays ignored
+    for signum in STOP_SIGNALS:
         try:
             stop.previous[signum] = signal.signal(signum, stop)
         except ValueError:  # not the main thread: the caller handles signals

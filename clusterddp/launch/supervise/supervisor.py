@@ -31,7 +31,6 @@ from clusterddp.launch.supervise.waker import Waker
 from clusterddp.launch.start.warm import WarmStart
 from clusterddp.launch.supervise.watch import StdinWatch
 from clusterddp.launch.start.workers import WorkerGroup, WorkerPlan
-from clusterddp import sigstart
 from clusterddp.protocol import (STACKS_REQUEST_SIGNAL, STOP_SIGNALS, result_line, worker_stop_signal,
                                  write_launcher_file)
 from clusterddp.spec import RestartOnSpec
@@ -411,7 +410,7 @@ class LocalSupervisor:
         previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return previous
-        for sig in sigstart.handled(STOP_SIGNALS):  # nohup's SIGHUP stays ignored
+        for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, self._on_stop_signal)
         for forwarded in self.options.forward_signals:
             previous[forwarded] = signal.signal(forwarded, self._on_forward_signal)
