@@ -32,11 +32,10 @@ _Options = TypeVar("_Options")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m clusterddp``."""
-    if argv is None:  # the process's own command (not a call from Python): see earlystop
-        earlystop.install()
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _dispatch(argv)
+        if argv is None:  # the process's own command (not a call from Python): see earlystop
+            earlystop.install()
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except earlystop.StoppedEarly as exc:  # what it started was cleaned up on the way here
         print(f"clusterddp: stopped by {exc.name}", file=sys.stderr)
         return 128 + exc.signum

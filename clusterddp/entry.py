@@ -10,8 +10,8 @@ from clusterddp import earlystop
 
 
 def main() -> int:
-    earlystop.install()
-    try:
+    try:  # installed inside: a signal the moment after the first handler is set is caught too
+        earlystop.install()
         from clusterddp.cli import main as cli_main
     except earlystop.StoppedEarly as exc:  # while importing: nothing was started yet
         print(f"clusterddp: stopped by {exc.name}", file=sys.stderr)

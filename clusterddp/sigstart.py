@@ -11,12 +11,20 @@ So the dispositions are read once, when this module is first imported (``cluster
 ``__init__`` imports it before anything can install a handler), and ``restore`` sets them in a
 child between fork and exec: ignored what the launcher found ignored, default everything else
 (a handler does not survive ``exec`` anyway). A warm worker inherits them from its zygote.
+
+Except the stop signals (``protocol.STOP_SIGNALS``): the launcher takes those over whatever it
+inherited, and stops its workers with them on purpose (a Ctrl-C reaches a script as SIGINT, so
+its ``except KeyboardInterrupt`` runs). A worker that inherited SIGINT ignored from a shell's
+background job would let that stop pass by and be killed after the grace period instead; so
+a worker always has them at their default, warm or cold alike.
 """
 
 from __future__ import annotations
 
 import ctypes
 import signal
+
+from clusterddp.protocol import STOP_SIGNALS
 
 #: Python ignores these at its own start whatever the parent left, and ``subprocess`` puts
 #: them back to default before exec (``restore_signals``): the child's Python ignores them
@@ -43,6 +51,8 @@ def _ignored_now() -> frozenset[int]:
 
 #: What the launcher's parent left ignored (the module docstring says when it is read).
 INHERITED_IGNORED = _ignored_now()
+#: What a worker keeps ignored: all of that but the stop signals, which the launcher owns.
+KEPT_IGNORED = INHERITED_IGNORED - frozenset(int(sig) for sig in STOP_SIGNALS)
 
 _set_handler: ctypes._CFuncPtr | None  # type: ignore[name-defined]
 try:
@@ -61,7 +71,7 @@ def restore() -> None:
     a process about to exec are moot)."""
     if _set_handler is None:
         return
-    for sig in INHERITED_IGNORED:
+    for sig in KEPT_IGNORED:
         _set_handler(sig, _SIG_IGN)
-    for sig in _ignored_now() - INHERITED_IGNORED:  # ignored by the launcher since: not by the worker
+    for sig in _ignored_now() - KEPT_IGNORED:  # ignored since, or a stop signal: not by the worker
         _set_handler(sig, _SIG_DFL)

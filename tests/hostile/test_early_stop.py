@@ -44,9 +44,17 @@ def _left_running(seen: dict[int, float]) -> list[int]:
     return left
 
 
+def _defaults() -> None:
+    """The stop signals at their default in the launcher, as from a terminal: the suite itself
+    may run under nohup or in a background shell, which leave SIGHUP or SIGINT ignored (and
+    those the command leaves ignored, as python does)."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(job: Path) -> tuple[subprocess.Popen[str], psutil.Process]:
     proc = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", str(job)], env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_defaults)
     return proc, psutil.Process(proc.pid)
 
 
