@@ -77,26 +77,31 @@ class NotTheProcess(Exception):
     """The pid no longer (or never did) name the recorded process; the reason is the message."""
 
 
-def signal_process(identity: ProcessIdentity, signum: int) -> None:
-    """Send ``signum`` to the process ``identity`` names, and only to it.
-
-    Raises NotTheProcess, saying why, when the pid cannot be proved to be that process:
-    another host's record, another boot, a record without a start time, or a pid whose
-    start time differs (reused) or that is gone.
-    """
+def why_not_running(identity: ProcessIdentity) -> str | None:
+    """Why the pid cannot be proved to be the process ``identity`` names (another host's
+    record, another boot, a record without a start time, a pid gone or reused); None: it is."""
     if identity.host != socket.gethostname():
-        raise NotTheProcess(f"it ran on host {identity.host}, this is {socket.gethostname()}")
+        return f"it ran on host {identity.host}, this is {socket.gethostname()}"
     if identity.start_time is None or identity.boot_id is None:
-        raise NotTheProcess("the record has no start time to prove the pid is still the launcher")
+        return "the record has no start time to prove the pid is still the launcher"
     if identity.boot_id != boot_id():
-        raise NotTheProcess("it was started before this machine last booted")
+        return "it was started before this machine last booted"
+    now = start_time(identity.pid)
+    if now is None:
+        return f"pid {identity.pid} is not running"
+    if now != identity.start_time:
+        return f"pid {identity.pid} is now another process (started at another time)"
+    return None
+
+
+def signal_process(identity: ProcessIdentity, signum: int) -> None:
+    """Send ``signum`` to the process ``identity`` names, and only to it; NotTheProcess,
+    saying why (``why_not_running``), when the pid cannot be proved to be that process."""
     pidfd = _open_pidfd(identity.pid)
     try:
-        now = start_time(identity.pid)
-        if now is None:
-            raise NotTheProcess(f"pid {identity.pid} is not running")
-        if now != identity.start_time:
-            raise NotTheProcess(f"pid {identity.pid} is now another process (started at another time)")
+        why = why_not_running(identity)  # checked with the pidfd held: the pid cannot change hands
+        if why is not None:
+            raise NotTheProcess(why)
         try:  # with a pidfd opened before the check, the signal reaches the checked process
             if pidfd is not None:
                 signal.pidfd_send_signal(pidfd, signum)

@@ -9,14 +9,13 @@ All three (the file, the signal, the report's name) are ``clusterddp.protocol``'
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from clusterddp.errors import ClusterDDPError
-from clusterddp.procid import NotTheProcess, ProcessIdentity, boot_id, signal_process, start_time, valid_pid
+from clusterddp.procid import NotTheProcess, ProcessIdentity, signal_process, valid_pid, why_not_running
 from clusterddp.protocol import (LAUNCHER_FILE, STACKS_REQUEST_SIGNAL, BadLauncherFile, launcher_files,
                                  read_launcher_file, stacks_reports)
 from clusterddp.validate import clip, escape_controls, shown
@@ -77,17 +76,10 @@ def find_launcher(target: str | None, log_dir: str) -> LauncherRecord:
         except BadLauncherFile as exc:
             print(f"clusterddp: skipped {_bad_file_line(run_dir, exc)}", file=sys.stderr)
             continue
-        if found is not None and _running(found.process):
+        if found is not None and why_not_running(found.process) is None:
             return found
     raise ClusterDDPError(f"no running clusterddp job found under {clip(log_dir, 200)}/",
                           "give the run id or its log directory: clusterddp stacks RUN_ID")
-
-
-def _running(process: ProcessIdentity) -> bool:
-    """The recorded launcher is this host's, of this boot, and its pid was not reused."""
-    return (process.host == socket.gethostname() and process.boot_id is not None
-            and process.boot_id == boot_id() and process.start_time is not None
-            and process.start_time == start_time(process.pid))
 
 
 @dataclass(frozen=True)
