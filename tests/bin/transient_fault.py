@@ -35,7 +35,7 @@ def main() -> None:
     start = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
     with open(os.path.join(directory, f"start.rank{rank}.attempt{attempt}"), "w") as f:
         f.write(str(start))
-    all_reduce = _collective(mode)
+    all_reduce = _collective(mode, attempt)
     for step in range(start, STEPS):
         if attempt == 0 and step == 2:
             _fault(mode, rank, directory)
@@ -48,14 +48,22 @@ def main() -> None:
     print(f"rank {rank} finished at step {STEPS} (attempt {attempt}, resumed at {start})", flush=True)
 
 
-def _collective(mode: str) -> Callable[[], object]:
+def _collective(mode: str, attempt: int) -> Callable[[], object]:
+    """The step's all_reduce; only attempt 0 of ``timeout`` gets the 2 s timeout, and only for it.
+
+    The rendezvous and the restarted attempt keep 60 s: on a loaded machine a rank can start
+    seconds after its peer, and a 2 s init or a 2 s step in attempt 1 then fails a second time.
+    """
     if mode not in COLLECTIVE:
         return lambda: None
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2 if mode == "timeout" else 60))
-    return lambda: dist.all_reduce(torch.ones(1))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    group = None
+    if mode == "timeout" and attempt == 0:
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2))
+    return lambda: dist.all_reduce(torch.ones(1), group=group)
 
 
 def _fault(mode: str, rank: int, directory: str) -> None:
