@@ -101,6 +101,17 @@ def free_port(addr: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def check_master_port_free(addr: str, port: int) -> None:
+    """The master's port checked on this node, when ``addr`` belongs to it (else nothing here
+    can say whether the port is free there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, 0))
+        except OSError:
+            return
+    check_port_free("", port)
+
+
 def check_port_free(addr: str, port: int) -> None:
     """Fail early, with one line, when the master port is taken on this (master) node."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

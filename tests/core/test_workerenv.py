@@ -97,11 +97,11 @@ def test_the_worker_group_passes_the_built_environment_to_exec_untouched() -> No
 
 def test_the_supervisor_passes_the_attempt_number_through() -> None:
     """The supervisor's start path builds no environment: it gives the group its plans and the attempt."""
-    run_once = _function(PACKAGE / "launch" / "supervise" / "supervisor.py", "LocalSupervisor", "_run_once")
-    starts = [ast.unparse(n) for n in ast.walk(run_once) if isinstance(n, ast.Call)
+    start = _function(PACKAGE / "launch" / "supervise" / "attempt.py", "AttemptRun", "start")
+    starts = [ast.unparse(n) for n in ast.walk(start) if isinstance(n, ast.Call)
               and ast.unparse(n.func) in ("self.group.start", "self.group.start_all")]
-    assert starts == ["self.group.start_all(self.plans, self.options.first_attempt + attempt)"]
-    assert _writes(run_once) == []
+    assert starts == ["self.group.start_all(plans, attempt)"]
+    assert _writes(start) == []
 
 
 def _dry_run_envs(text: str) -> dict[str, dict[str, str]]:

@@ -264,35 +264,35 @@ def test_framework_attempt_is_the_restart_count_with_a_note() -> None:
 def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Path) -> None:
     """Under OpenPAI attempt 2 every planned worker has TORCHELASTIC_RESTART_COUNT=2 and the
     supervisor restarts nothing (restarts: 3 is OpenPAI's); --restart-count still wins."""
-    from clusterddp.launch.start import plan as planning
-    from clusterddp.launch.local import resolve_here, supervisor_options
+    from clusterddp.launch.local import supervisor_options
     from clusterddp.launch.options import RunOptions
+    from clusterddp.launch.start.node import plan_node
 
     job = JobSpec(name="j", script="t.py", nodes=2, nproc_per_node=2, backend="gloo", restarts=3,
                   cpu_affinity="none")
     env = env_for(TaskRole("worker", 2, IPS[:2]), 1, attempt=2)
-    topology, _ = resolve_here(job, Overrides(job=job), env)
-    assert topology.restart_count == 2
-    plans = planning.worker_plans(job, topology, env, str(tmp_path))
-    supervision = supervisor_options(job, topology, RunOptions())
+    node = plan_node(job, RunOptions(), env, str(tmp_path))
+    assert node.topology.restart_count == 2
+    supervision = supervisor_options(node, RunOptions())
     assert (supervision.restarts, supervision.first_attempt) == (0, 2)
-    envs = [p.env.build(supervision.first_attempt) for p in plans]
+    envs = [p.env.build(supervision.first_attempt) for p in node.plans]
     assert [(e["RANK"], e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"])
             for e in envs] == [("2", "2", "3"), ("3", "2", "3")]
-    flagged, _ = resolve_here(job, Overrides(job=job), env, restart_count=5)
-    assert supervisor_options(job, flagged, RunOptions()).first_attempt == 5
+    flagged = plan_node(job, RunOptions(restart_count=5), env, str(tmp_path))
+    assert supervisor_options(flagged, RunOptions()).first_attempt == 5
 
 
 def test_outside_openpai_the_nodes_own_restarts_still_apply() -> None:
     """Placed by hand (no scheduler restarting the job), restarts: 3 restarts the local group."""
-    from clusterddp.launch.local import resolve_here, supervisor_options
+    from clusterddp.launch.local import supervisor_options
     from clusterddp.launch.options import RunOptions
+    from clusterddp.launch.start.node import plan_node
 
     job = JobSpec(name="j", script="t.py", nodes=2, nproc_per_node=1, backend="gloo", restarts=3)
-    overrides = Overrides(nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29500, job=job)
-    topology, _ = resolve_here(job, overrides, {})
-    assert topology.restart_count is None
-    supervision = supervisor_options(job, topology, RunOptions())
+    options = RunOptions(nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29500)
+    node = plan_node(job, options, {}, "/tmp")
+    assert node.topology.restart_count is None
+    supervision = supervisor_options(node, options)
     assert (supervision.restarts, supervision.first_attempt) == (3, 0)
 
 

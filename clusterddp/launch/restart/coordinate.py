@@ -76,6 +76,20 @@ class PeerWatch(Protocol):
         ...
 
 
+def next_place(topology: Topology, plans: Sequence[WorkerPlan], told: Restart,
+               relayout: Callable[[Topology], list[WorkerPlan]] | None) -> tuple[Topology, list[WorkerPlan]]:
+    """This node's topology and workers for the attempt ``told`` runs in place: the same
+    node on the next master port, or the node moved (``relaid``) and its workers planned
+    there by ``relayout``. ValueError: this node cannot take the place it is told to (a
+    decider of another mind: the launcher ends with its attempt)."""
+    if told.node_rank is None:
+        return topology, replanned(plans, told.master_port)
+    if relayout is None:
+        raise ValueError("nothing here plans its workers anew")
+    moved = relaid(topology, told)
+    return moved, relayout(moved)
+
+
 def replanned(plans: Sequence[WorkerPlan], master_port: int | None) -> list[WorkerPlan]:
     """The same workers for the next attempt, on its master port."""
     if master_port is None:

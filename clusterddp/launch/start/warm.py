@@ -419,6 +419,15 @@ def take_prestarted(python: str, env: Mapping[str, str], preload: Sequence[str])
     return None
 
 
+def prestart_for(python: str, first_env: Mapping[str, str], preload: Sequence[str], first_log: str) -> None:
+    """``prestart`` with what the worker group would start the zygote with: its first
+    worker's environment for the first attempt (``zygote_environment``), its log beside the
+    workers' (``zygote_log``): it imports torch while the launcher finishes its own start
+    (imports, reaper, cgroup) instead of after it. After the run's logs are locked."""
+    env = zygote_environment(first_env)
+    prestart(python, env, preload, zygote_log(first_log, env))
+
+
 def drop_prestarted() -> None:
     """Stop a prestarted zygote no group took (the launcher ends before its workers start)."""
     while _prestarted:
