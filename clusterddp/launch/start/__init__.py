@@ -1,5 +1,6 @@
 """Starting workers: from the job and this node's topology to running processes.
 
+- ``node``: ``NodePlan``, this node's place in the job and its workers, planned once
 - ``plan``: the exact argv, env and files of each worker (``--dry-run`` prints it)
 - ``workerenv``: ``WorkerEnv.build``, the one writer of a worker's environment
 - ``rendezvous``: wait, bounded, for the master's name to resolve before any worker starts
