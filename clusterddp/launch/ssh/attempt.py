@@ -118,8 +118,8 @@ def launch_of(job: JobSpec, options: FanoutOptions) -> Launch:
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys,
                                link_timeout=job.ssh.link_timeout)
     interval = heartbeat_interval(options.heartbeat_interval, settings.link_timeout)
-    run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
     target, paths = _target(job, options)
+    run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
     base_env = head_launch_env(job, os.environ if options.head_env is None else options.head_env)
     return Launch(job=job, options=options, hosts=hosts, settings=settings, run_id=run_id, master_addr=master_addr,
                   python=job.python or sys.executable, cwd=options.cwd or os.getcwd(), base_env=base_env,
