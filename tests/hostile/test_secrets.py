@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import redact
-from clusterddp.launch.ssh.fanout import head_launch_env
+from clusterddp.launch.ssh.attempt import head_launch_env
 from clusterddp.launch.ssh.reach import LaunchPlan
 from clusterddp.spec import JobSpec
 from tests.conftest import REPO, cli, cli_env, write_job

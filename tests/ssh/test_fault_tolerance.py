@@ -234,7 +234,7 @@ def test_cut_link_restarts_job_from_checkpoint(lab2: SSHLab, head_factory, tmp_p
 
     The link is restored as soon as the head's report names cdssh2, before the restart's probe:
     with a fixed ``nodes`` every listed host must pass that probe, and a host still cut off
-    fails it (``attempt.prepare`` raises PreflightError, ``fanout._start`` says "restart 1: ..."
+    fails it (``attempt.prepare`` raises PreflightError, ``fanout.HeadLoop`` in PROBING says "restart 1: ..."
     and ends the job with the last attempt's exit, 255), as a fixed-size job must when a node
     is gone for good (an elastic job would leave it out, the test above). cdssh2's launcher of
     attempt 0, cut off, stops on its own: once the link is back the head's kernel answers the

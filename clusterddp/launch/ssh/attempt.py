@@ -16,19 +16,22 @@ on the launchers that wait for it where it can (``inplace``), else probed and la
 from __future__ import annotations
 
 import fnmatch
+import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.errors import RemoteError
 from clusterddp.launch.restart.policy import RestartPolicy, attempt_line
-from clusterddp.launch.ssh.hosts import Host, choose_hosts, too_few
+from clusterddp.launch.ssh.hosts import Host, choose_hosts, job_hosts, too_few
 from clusterddp.launch.ssh.io import Console
 from clusterddp.launch.ssh.reach import (ConnectSettings, HeadFacts, HostSession, LaunchPlan, PreflightError,
                                          check_hosts, raise_problems, start_sessions)
+from clusterddp.redact import passthrough_env
 from clusterddp.spec import JobSpec
-from clusterddp.topology import choose_port, count_workers, is_loopback
+from clusterddp.topology import choose_port, count_workers, default_run_id, is_loopback
 
 
 #: Head variables every remote launcher gets (names, or prefixes ending in '*'). Per-host
@@ -102,6 +105,59 @@ class Launch:
     console: Console
     #: Seconds between the head's heartbeats to every host (``heartbeat_interval``, resolved once).
     heartbeat_interval: float
+
+
+def launch_of(job: JobSpec, options: FanoutOptions) -> Launch:
+    """The fan-out of ``job`` as ``options`` change it, settled and checked before any host
+    is contacted, in this order: the hosts (``hosts.job_hosts``), ``nodes`` against them,
+    a loopback master, the ``env_passthrough`` variables."""
+    hosts = job_hosts(job, options.hostfile, options.include, options.exclude, options.dry_run)
+    low, high = node_bounds(job, len(hosts))
+    master_addr = options.master_addr or job.master.addr
+    refuse_loopback(master_addr, min(high, len(hosts)))  # the user's address
+    settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys,
+                               link_timeout=job.ssh.link_timeout)
+    interval = heartbeat_interval(options.heartbeat_interval, settings.link_timeout)
+    target, paths = _target(job, options)
+    run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
+    base_env = head_launch_env(job, os.environ if options.head_env is None else options.head_env)
+    return Launch(job=job, options=options, hosts=hosts, settings=settings, run_id=run_id, master_addr=master_addr,
+                  python=job.python or sys.executable, cwd=options.cwd or os.getcwd(), base_env=base_env,
+                  target=target, paths=paths, low=low, high=high, heartbeat_interval=interval,
+                  console=Console(options.stdout or sys.stdout.buffer, options.stderr or sys.stderr.buffer))
+
+
+def node_bounds(job: JobSpec, listed: int) -> tuple[int, int]:
+    """(MIN, MAX) hosts per attempt: the job's ``nodes: "MIN:MAX"``, else every one of the
+    ``listed`` hosts."""
+    if not job.elastic:
+        return listed, listed
+    low, high = job.node_range
+    if listed < low:
+        raise RemoteError(f"{job.where('nodes')}: {job.nodes!r} needs at least {low} hosts, "
+                          f"{listed} listed", "list more hosts (spares welcome), or lower MIN")
+    return low, high
+
+
+def _target(job: JobSpec, options: FanoutOptions) -> tuple[list[str], list[str]]:
+    """What every remote launcher runs (the job file, or ``-- argv``), and the paths preflight
+    checks on each host (the job file and its script)."""
+    if options.command:
+        return ["--", *options.command], []
+    target = [os.path.abspath(job.source)] if job.source else ["--", *job.entry_argv()]
+    paths = [os.path.abspath(job.source)] if job.source else []
+    if job.script:
+        paths.append(os.path.abspath(job.script_path()))
+    return target, paths
+
+
+def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]:
+    """What every host's launcher gets from the head: the allow-list, ``ssh.env_allow``, the
+    ``env_passthrough`` variables (an unset one is an error before any host is contacted), then
+    the job's ``env:``."""
+    env = {**forwarded_env(head_env, job.ssh.env_allow, job.env_passthrough), **job.env}
+    passthrough_env(job.env_passthrough, head_env, job.source or "<command line>", job.env, job.line_of)
+    return env
 
 
 def heartbeat_interval(explicit: float | None, link_timeout: float) -> float:

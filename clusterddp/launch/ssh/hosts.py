@@ -20,14 +20,15 @@ import getpass
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Sequence, TypeVar
 
 import paramiko
 
 from clusterddp.errors import RemoteError
-from clusterddp.hostfile import HostEntry
+from clusterddp.hostfile import HostEntry, Pattern, entries_from_list, read_hostfile, select_hosts
 from clusterddp.sections.ssh import SSHSpec
+from clusterddp.spec import JobSpec
 from clusterddp.validate import shown
 
 DEFAULT_CONFIG = "~/.ssh/config"
@@ -59,6 +60,41 @@ class Host:
     def target(self) -> str:
         """``user@address:port`` for messages."""
         return f"{self.user}@{self.address}:{self.port}"
+
+
+def job_hosts(job: JobSpec, hostfile: str | None, include: Sequence[str], exclude: Sequence[str],
+              dry_run: bool = False) -> list[Host]:
+    """Every candidate host of a fan-out, settled: the entries (``hostfile``, else the job's
+    ``ssh.hostfile`` or ``ssh.hosts``), chosen by the globs (``include`` replaces the job's,
+    ``exclude`` adds to them), each resolved through the job's ``ssh:`` and its ssh_config.
+    The one place where the job's ``ssh:`` paths are read relative to the job file."""
+    entries = _entries(job, hostfile, include, exclude)
+    ssh = replace(job.ssh, config_file=job_path(job, job.ssh.config_file),
+                  known_hosts=job_path(job, job.ssh.known_hosts), identity_file=job_path(job, job.ssh.identity_file))
+    return resolve_hosts(entries, ssh, load_ssh_config(ssh.config_file, dry_run=dry_run))
+
+
+def _entries(job: JobSpec, hostfile: str | None, include: Sequence[str], exclude: Sequence[str]) -> list[HostEntry]:
+    path = hostfile or (job_path(job, job.ssh.hostfile) if job.ssh.hostfile else None)
+    if path:
+        entries = read_hostfile(path)
+    elif job.ssh.hosts:
+        places = [job.where(f"ssh.hosts[{i}]") for i in range(len(job.ssh.hosts))]
+        entries = entries_from_list(job.ssh.hosts, f"{job.source or 'job'}: ssh.hosts", places)
+    else:
+        raise RemoteError("no hosts to fan out to", "give --hostfile, or ssh.hosts / ssh.hostfile in the job file")
+    # Patterns from the job file carry their file:line: key; the flags' are named as flags.
+    chosen: Sequence[Pattern] = include or [(p, job.where(f"ssh.include[{i}]")) for i, p in enumerate(job.ssh.include)]
+    left = [(p, job.where(f"ssh.exclude[{i}]")) for i, p in enumerate(job.ssh.exclude)]
+    return select_hosts(entries, chosen, [*left, *exclude])
+
+
+def job_path(job: JobSpec, path: str | None) -> str | None:
+    """Paths in the job file are relative to the job file's directory, like ``script``."""
+    if path is None:
+        return None
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) or job.source is None else os.path.join(job.base_dir, path)
 
 
 def load_ssh_config(path: str | None, dry_run: bool = False) -> paramiko.SSHConfig:
