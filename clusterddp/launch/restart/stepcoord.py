@@ -57,14 +57,6 @@ MAX_BYTES = 64 << 10
 NOT_IN_PLACE = (exitcodes.PREEMPTED, exitcodes.NONFINITE_LOSS)
 
 
-def end_name(attempt: int, node: int) -> str:
-    return f"attempt{attempt}.node{node}.end"
-
-
-def decision_name(attempt: int) -> str:
-    return f"attempt{attempt}.decision"
-
-
 @dataclass(frozen=True)
 class NodeEnd:
     """One node's attempt end, as written to the record directory."""
@@ -156,7 +148,7 @@ class StepCoordinator:
         except OSError:
             return None
         for node in range(self.topology.nnodes):
-            if node != self.node and end_name(attempt, node) in names:
+            if node != self.node and protocol.attempt_end_name(attempt, node) in names:
                 end = self._end(attempt, node)
                 what = end.failure.name() if end and end.failure else "ended"
                 return f"node {node} ({end.host if end else '?'}) ended attempt {attempt}: {what}"
@@ -171,7 +163,7 @@ class StepCoordinator:
         end = NodeEnd(self.node, self.topology.host, failed_at, ended.exit_code, ended.failure, ended.progressed,
                       waits, ended.ranks)
         self._record(ended.attempt, end, None)
-        if not self._write(end_name(ended.attempt, self.node), end.to_json()):
+        if not self._write(protocol.attempt_end_name(ended.attempt, self.node), end.to_json()):
             waits = False
         if self.node == 0:
             decision = self._decide(ended, end, stopping)
@@ -224,7 +216,7 @@ class StepCoordinator:
             if stopping():
                 return None
         decision = self._judge(ended, ends)
-        if not self._write(decision_name(attempt), json.dumps(asdict(decision))):
+        if not self._write(protocol.decision_name(attempt), json.dumps(asdict(decision))):
             return None
         return decision
 
@@ -268,7 +260,7 @@ class StepCoordinator:
     def _wait_decision(self, attempt: int, stopping: Callable[[], bool]) -> Decision | None:
         """Node K: poll for node 0's decision; None when it does not come in time."""
         deadline = time.monotonic() + self.teardown_s + END_WAIT_SLACK + DECISION_WAIT_SLACK
-        path = os.path.join(self.directory, decision_name(attempt))
+        path = os.path.join(self.directory, protocol.decision_name(attempt))
         while time.monotonic() < deadline and not stopping():
             data = _read_json(path)
             if data is not None:
@@ -281,7 +273,7 @@ class StepCoordinator:
     # -- files --------------------------------------------------------------------------------------
 
     def _end(self, attempt: int, node: int) -> NodeEnd | None:
-        data = _read_json(os.path.join(self.directory, end_name(attempt, node)))
+        data = _read_json(os.path.join(self.directory, protocol.attempt_end_name(attempt, node)))
         end = NodeEnd.from_json(data) if data is not None else None
         return end if end is not None and end.node == node else None
 
