@@ -27,13 +27,13 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from clusterddp.atomicfile import WriteError, write_atomically
 from clusterddp.protocol import PEERS_SEEN_FILE, peer_marker_name
 from clusterddp.stackreport import format_ranks
 from clusterddp.topology import Topology
-from clusterddp.validate import host_problem, read_small_file
+from clusterddp.validate import host_problem, read_json_object
 
 #: Seconds between two looks for markers (node 0) or for the acknowledgement (node K).
 POLL_INTERVAL = 1.0
@@ -130,7 +130,7 @@ class SharedRunDir:
         self._next_poll = now + POLL_INTERVAL
         if self.topology.node_rank != 0:
             if not self.judged_elsewhere:
-                sees = _read_json(os.path.join(self.run_dir, PEERS_SEEN_FILE))
+                sees = read_json_object(os.path.join(self.run_dir, PEERS_SEEN_FILE), MAX_BYTES)
                 nodes = sees.get("nodes") if sees else None
                 self.judged_elsewhere = bool(
                     sees and sees.get("run_id") == self.topology.run_id and sees.get("attempt") == self._attempt
@@ -155,7 +155,7 @@ class SharedRunDir:
 
     def _peer(self, node: int) -> Peer | None:
         """Node ``node``'s marker for this run and attempt, when it names that node's ranks."""
-        marker = _read_json(os.path.join(self.run_dir, peer_marker_name(node)))
+        marker = read_json_object(os.path.join(self.run_dir, peer_marker_name(node)), MAX_BYTES)
         if not marker or marker.get("run_id") != self.topology.run_id or marker.get("attempt") != self._attempt \
                 or marker.get("node") != node or not isinstance(marker.get("nonce"), str):
             return None
@@ -195,14 +195,6 @@ def shared_run_dir(run_dir: str | None, topology: Topology, headed: bool,
     if run_dir is None or headed or topology.nnodes < 2:
         return None
     return SharedRunDir(run_dir, topology, say)
-
-
-def _read_json(path: str) -> Mapping[str, object] | None:
-    try:
-        data = json.loads(read_small_file(path, MAX_BYTES))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _named(peers: Sequence[Peer]) -> str:

@@ -42,7 +42,7 @@ from clusterddp.launch.observe.peers import SharedRunDir
 from clusterddp.launch.restart.verdict import Failure, RankEnd, verdict
 from clusterddp.spec import RestartOnSpec
 from clusterddp.topology import Topology, free_port
-from clusterddp.validate import read_small_file
+from clusterddp.validate import read_json_object
 
 #: Seconds between two looks for the decision (nodes K) or for the nodes' ends (node 0).
 POLL = 0.02
@@ -262,7 +262,7 @@ class StepCoordinator:
         deadline = time.monotonic() + self.teardown_s + END_WAIT_SLACK + DECISION_WAIT_SLACK
         path = os.path.join(self.directory, protocol.decision_name(attempt))
         while time.monotonic() < deadline and not stopping():
-            data = _read_json(path)
+            data = read_json_object(path, MAX_BYTES)
             if data is not None:
                 return _decision(data, attempt)
             time.sleep(POLL)
@@ -273,7 +273,7 @@ class StepCoordinator:
     # -- files --------------------------------------------------------------------------------------
 
     def _end(self, attempt: int, node: int) -> NodeEnd | None:
-        data = _read_json(os.path.join(self.directory, protocol.attempt_end_name(attempt, node)))
+        data = read_json_object(os.path.join(self.directory, protocol.attempt_end_name(attempt, node)), MAX_BYTES)
         end = NodeEnd.from_json(data) if data is not None else None
         return end if end is not None and end.node == node else None
 
@@ -316,11 +316,3 @@ def _decision(data: Mapping[str, object], attempt: int) -> Decision | None:
         return None
     return Decision(attempt, bool(data["restart"]), port, why, data.get("final") is True,
                     float(failed_at) if failed_at is not None else None)
-
-
-def _read_json(path: str) -> dict[str, object] | None:
-    try:
-        data = json.loads(read_small_file(path, MAX_BYTES))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
