@@ -327,7 +327,9 @@ def main() -> None:
     unsafe = warm_up(sys.argv[2:])
     try:
         bootstrap = _bootstrap()
-        _protocol, _forking = bootstrap.protocol, bootstrap.load("launch", "teardown", "forking")
+        _protocol, before = bootstrap.protocol, set(sys.modules)
+        _forking = bootstrap.load("launch", "teardown", "forking")
+        loaded = set(sys.modules) - before  # imported from the zipapp: a cold worker has none of them
     except (OSError, ImportError) as exc:  # nothing to say it with: the launcher sees us exit
         sys.stderr.write(f"clusterddp: the zygote cannot load the bootstrap: {exc}\n")
         sys.stderr.flush()
@@ -348,11 +350,19 @@ def main() -> None:
     if sys.argv[:2] == bootstrap.command()[:2] == [sys.argv[0], _protocol.ZIPAPP_BOOTSTRAP_ARG]:
         del sys.argv[1]  # from the zipapp: as its __main__ does before a cold worker's bootstrap
     if __name__ != "__main__":  # imported from the zipapp: a cold worker has no zygote module
-        sys.modules.pop(__name__, None)
-        package = sys.modules.get(__name__.rpartition(".")[0])
-        if package is not None and hasattr(package, "zygote"):
-            delattr(package, "zygote")
+        _forget([__name__, *sorted(loaded)])
     bootstrap.main()
+
+
+def _forget(names: list[str]) -> None:
+    """Modules out of ``sys.modules`` and out of their packages: a worker forked from the
+    zipapp's zygote has only the modules a cold worker of the zipapp has."""
+    for name in names:
+        sys.modules.pop(name, None)
+        parent, _, leaf = name.rpartition(".")
+        package = sys.modules.get(parent)
+        if package is not None and hasattr(package, leaf):
+            delattr(package, leaf)
 
 
 if __name__ == "__main__":
