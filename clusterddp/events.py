@@ -13,7 +13,8 @@ Each line is written with one ``os.write`` on an ``O_APPEND`` descriptor and cap
 and at most a torn last one, which the reader reports and skips. Every event has ``t``
 (wall time), ``kind``, ``node``, ``host``, ``attempt``, and fields of its kind (the kinds are
 listed in ``KINDS``; docs/diagnose.md describes them). Writing never fails the run: a log
-that cannot be written is silently not written. A leaf: the standard library and ``validate``.
+that cannot be written is silently not written. A leaf: the standard library, ``validate``
+and ``protocol`` (which spells the files' names: ``events_name``, ``EVENTS_GLOB``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ import os
 import time
 from typing import Any
 
+from clusterddp.protocol import EVENTS_GLOB, events_name
 from clusterddp.validate import clip, read_small_file
 
-#: The run owner's file; nodes of a multi-node run write ``events.node<K>.jsonl``.
-EVENTS_FILE = "events.jsonl"
 #: A line longer than this is shortened before it is written (one page is 4096 bytes).
 MAX_LINE = 2048
 #: Longest string field kept whole in a line that had to be shortened.
@@ -50,12 +50,6 @@ KINDS = (
 )
 
 
-def events_file(node: int | None) -> str:
-    """The file name a writer uses: ``events.jsonl`` for the run's owner (``node`` None),
-    ``events.node<K>.jsonl`` for node K of a multi-node run."""
-    return EVENTS_FILE if node is None else f"events.node{node}.jsonl"
-
-
 class EventLog:
     """Appends events to one file of the run directory; a no-op without one."""
 
@@ -64,7 +58,7 @@ class EventLog:
         self.host = host
         #: The attempt events are stamped with (the supervisor moves it on).
         self.attempt = 0
-        self.path = os.path.join(run_dir, events_file(node)) if run_dir else None
+        self.path = os.path.join(run_dir, events_name(node)) if run_dir else None
         self._fd: int | None = None
         if self.path is not None:
             try:
@@ -144,7 +138,7 @@ def read_events(run_dir: str) -> tuple[list[dict[str, Any]], list[str]]:
     ``MAX_FILE_BYTES`` are read: a FIFO would hang the reader, ``/dev/zero`` would fill memory."""
     events: list[dict[str, Any]] = []
     problems: list[str] = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "events*.jsonl"))):
+    for path in sorted(glob.glob(os.path.join(run_dir, EVENTS_GLOB))):
         name = clip(os.path.basename(path))
         try:
             data = read_small_file(path, MAX_FILE_BYTES)

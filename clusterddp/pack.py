@@ -9,9 +9,10 @@ PyYAML is MIT-licensed; its license text travels in the archive (``licenses/PyYA
 
 The archive is reproducible: sorted entries, fixed timestamps, no bytecode. Its
 ``__main__`` runs the CLI (and puts the archive on PYTHONPATH for the workers), or, with
-``BOOTSTRAP_ARG`` first, a worker's bootstrap (clusterddp.launch.start.bootstrap), or, with
-``ZYGOTE_ARG`` first, the warm interpreter (clusterddp.launch.start.zygote): a python cannot run a
-file by a path inside a zip, but it runs the zip, which imports either from itself.
+``protocol.ZIPAPP_BOOTSTRAP_ARG`` first, a worker's bootstrap (clusterddp.launch.start.bootstrap),
+or, with ``protocol.ZIPAPP_ZYGOTE_ARG`` first, the warm interpreter
+(clusterddp.launch.start.zygote): a python cannot run a file by a path inside a zip, but it
+runs the zip, which imports either from itself.
 """
 
 from __future__ import annotations
@@ -29,11 +30,7 @@ import clusterddp
 import clusterddp.templates
 from clusterddp.atomicfile import write_atomically
 from clusterddp.errors import ClusterDDPError
-
-#: The pyz's first argument that makes it a worker's bootstrap instead of the CLI.
-BOOTSTRAP_ARG = "--clusterddp-bootstrap"  # clusterddp.launch.start.bootstrap.ZIPAPP_ARG
-#: The pyz's first argument that makes it a node's warm interpreter (the zygote).
-ZYGOTE_ARG = "--clusterddp-zygote"  # clusterddp.launch.start.warm.ZIPAPP_ARG
+from clusterddp.protocol import ZIPAPP_BOOTSTRAP_ARG, ZIPAPP_ZYGOTE_ARG
 #: Files of the clusterddp package that go in (sources and the rendering templates).
 PACKAGE_SUFFIXES = (".py", ".sbatch", ".yaml")
 #: A fixed time for every entry, so the same sources give the same bytes.
@@ -45,11 +42,11 @@ import os
 import sys
 
 archive = os.path.abspath(sys.argv[0])
-if sys.argv[1:2] == [{BOOTSTRAP_ARG!r}]:
+if sys.argv[1:2] == [{ZIPAPP_BOOTSTRAP_ARG!r}]:
     del sys.argv[1]
     from clusterddp.launch.start import bootstrap
     bootstrap.main()
-elif sys.argv[1:2] == [{ZYGOTE_ARG!r}]:
+elif sys.argv[1:2] == [{ZIPAPP_ZYGOTE_ARG!r}]:
     del sys.argv[1]
     from clusterddp.launch.start import zygote
     zygote.main()

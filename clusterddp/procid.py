@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The largest pid Linux hands out (``PID_MAX_LIMIT`` on 64-bit: 2^22).
 PID_MAX = 4_194_304
@@ -45,8 +46,22 @@ def valid_pid(value: object) -> int | None:
     return value
 
 
-def start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat``; None when the process (or /proc) is gone."""
+class ProcStat(NamedTuple):
+    """The fields of ``/proc/<pid>/stat`` that place a process (numbered as in proc(5))."""
+
+    #: Field 3: R, S, D, Z, T...
+    state: str
+    #: Field 4.
+    ppid: int
+    #: Field 5: the process group.
+    pgrp: int
+    #: Field 22: clock ticks after boot.
+    start_time: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``/proc/<pid>/stat`` read once (the one parser of it); None when the process (or
+    /proc) is gone or the line cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read(4096)
@@ -55,9 +70,15 @@ def start_time(pid: int) -> int | None:
     # comm (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
     fields = stat.rpartition(b")")[2].split()
     try:
-        return int(fields[19])
-    except (IndexError, ValueError):
+        return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat``; None when the process (or /proc) is gone."""
+    stat = proc_stat(pid)
+    return stat.start_time if stat is not None else None
 
 
 def boot_id() -> str | None:

@@ -39,7 +39,21 @@ files in the run's log directory) is spelled here and nowhere else:
   ``DOCTOR_MARKER``
 - files in the directory the sbatch script hands each launcher (``--record-dir``):
   ``node<R>.started`` and ``node<R>.exit`` (``write_record``; the script reads them by the
-  names ``record_name`` gives)
+  names ``record_name`` gives); between the launchers of one srun step, ``attempt<K>.node<R>.end``
+  and node 0's ``attempt<K>.decision`` (``attempt_end_name``, ``decision_name``)
+- the other files of ``logs/<run-id>/`` that one process writes and another reads: each
+  launcher's event log (``events_name``, ``EVENTS_GLOB``; the SSH head's copies,
+  ``events_copy_name``), each rank's files (``rank_file_name``: log, error record, stacks,
+  progress record), the launchers' locks (``rank_lock_name``, ``HEAD_LOCK``), the zygote's
+  log (``zygote_log_name``), and the nodes' markers without a head (``peer_marker_name``,
+  ``PEERS_SEEN_FILE``)
+- ``BACKEND_ENV``, launcher -> worker: the backend ``clusterddp.train`` initialises
+- the zygote's socket, launcher <-> warm interpreter: one JSON message per frame behind a
+  ``FRAME_HEADER`` length (``send_frame`` / ``receive_frame``), descriptors riding on it
+- the zipapp's first argument, launcher -> the archive's ``__main__``: ``ZIPAPP_BOOTSTRAP_ARG``,
+  ``ZIPAPP_ZYGOTE_ARG``
+- a worker's exit status for ``sys.exit(code)``, bootstrap -> launcher (``exit_status``, as
+  CPython: the launcher's own exit record says it the same way)
 
 The stub's ``CLUSTERDDP_PROBE`` line is the one exception: the stub (``launch/ssh/stub.py``)
 is sent as source to hosts where clusterddp may not be importable, so it spells its marker
@@ -55,7 +69,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+if TYPE_CHECKING:
+    import socket
 
 #: A remote launcher's last stdout line: its exit code, host, root cause and stop reason.
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
@@ -99,6 +116,31 @@ RECORD_EXIT = "exit"
 RECORD_FAILURE = "failure"
 #: The attempt a launcher restarted in place runs now: the script's count goes on from it.
 RECORD_ATTEMPT = "attempt"
+#: Where ``clusterddp.train`` finds the backend the launcher chose (``gloo``, ``nccl``...).
+BACKEND_ENV = "CLUSTERDDP_BACKEND"
+#: The zipapp's first argument that makes it a worker's bootstrap instead of the CLI
+#: (``clusterddp pack`` writes the archive's ``__main__``, ``bootstrap.command`` the argv).
+ZIPAPP_BOOTSTRAP_ARG = "--clusterddp-bootstrap"
+#: The zipapp's first argument that makes it a node's warm interpreter (``warm.zygote_command``).
+ZIPAPP_ZYGOTE_ARG = "--clusterddp-zygote"
+
+
+def exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` ends a process with, as CPython's ``_Py_HandleSystemExit``:
+    None 0; an int (bools and int subclasses too) through ``PyLong_AsLong``, so one past a C
+    long is -1, exit 255 (never its low 8 bits: ``2**63 & 0xFF`` would be 0); anything else 1
+    (Python prints it to stderr first: the caller's part). A worker's bootstrap ends with it;
+    the launcher's exit record says its own ``SystemExit`` the same way."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        # compared, not ``in range(...)``: that walks the range for an int subclass
+        return (int(code) if _C_LONG_MIN <= code <= _C_LONG_MAX else -1) & 0xFF
+    return 1
+
+
+#: A C long (LP64): what ``PyLong_AsLong`` takes without an OverflowError.
+_C_LONG_MIN, _C_LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def worker_stop_signal(received: int | None) -> int:
@@ -314,7 +356,112 @@ def _payload(line: bytes, marker: bytes) -> dict[str, object]:
     return data
 
 
+# -- the zygote's socket -----------------------------------------------------------------------
+
+#: A frame on the zygote's socket: this ``struct`` header (a 4-byte big-endian length), then
+#: that much JSON; descriptors (SCM_RIGHTS) ride on the header's bytes.
+FRAME_HEADER = "!I"
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One frame of ``message``, with ``fds`` on its first bytes (launcher and zygote alike)."""
+    import json
+    import socket
+    import struct
+
+    body = json.dumps(message).encode()
+    header = struct.pack(FRAME_HEADER, len(body))
+    if fds:
+        socket.send_fds(sock, [header], fds)
+    else:
+        sock.sendall(header)
+    sock.sendall(body)
+
+
+def receive_frame(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """One frame and the descriptors that came with it; (None, []) at EOF."""
+    import json
+    import socket
+    import struct
+
+    size_of = struct.calcsize(FRAME_HEADER)
+    header, fds, _flags, _addr = socket.recv_fds(sock, size_of, max_fds) if max_fds \
+        else (sock.recv(size_of), [], 0, None)
+    while header and len(header) < size_of:
+        more = sock.recv(size_of - len(header))
+        if not more:
+            break
+        header += more
+    if len(header) < size_of:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    (size,) = struct.unpack(FRAME_HEADER, header)
+    chunks = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            return None, fds
+        chunks.append(chunk)
+        size -= len(chunk)
+    return json.loads(b"".join(chunks)), fds
+
+
 # -- files in the run's log directory ----------------------------------------------------------
+
+#: The run owner's event log (a launcher alone, or the SSH head): ``clusterddp.events``.
+EVENTS_FILE = "events.jsonl"
+#: Every event log of a run directory, which ``clusterddp report`` merges by time.
+EVENTS_GLOB = "events*.jsonl"
+#: The SSH head's lock beside its launchers' rank locks: one head per run id.
+HEAD_LOCK = ".head.lock"
+#: Node 0's acknowledgement, without a head: whose progress records it reads, by their markers.
+PEERS_SEEN_FILE = "node0.sees"
+#: What each rank leaves in the run directory (``rank_file_name``): its output, torch
+#: elastic's error record (``TORCHELASTIC_ERROR_FILE``), its stack dumps (``STACKS_FILE_ENV``)
+#: and its progress record (``HEARTBEAT_FILE_ENV``; node 0 reads other nodes' by name).
+RANK_LOG = "log"
+RANK_ERROR = "error.json"
+RANK_STACKS = "stacks"
+RANK_HEARTBEAT = "heartbeat"
+
+
+def events_name(node: int | str | None) -> str:
+    """The event log's name for its writer: ``events.jsonl`` for the run's owner (``node``
+    None), ``events.node<K>.jsonl`` for node K of a multi-node run (one writer per file:
+    appends from several hosts to one file are not atomic on a shared filesystem)."""
+    return EVENTS_FILE if node is None else f"events.node{node}.jsonl"
+
+
+def events_copy_name(node: int | str, host: str) -> str:
+    """``events.node<K>.<host>.jsonl``: the SSH head's copy of node K's log from ``host`` (a
+    node rank may move to another host after a restart, so the host is part of the name)."""
+    import re
+
+    return f"events.node{node}.{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.jsonl"
+
+
+def rank_file_name(rank: int | str, kind: str) -> str:
+    """``rank<R>.<kind>``, one of the ``RANK_*`` kinds."""
+    return f"rank{rank}.{kind}"
+
+
+def rank_lock_name(rank: int | str) -> str:
+    """``.rank<R>.lock``: the launcher that runs rank R holds it (two launchers of one run id
+    never run the same rank)."""
+    return f".rank{rank}.lock"
+
+
+def zygote_log_name(node: int | str) -> str:
+    """``zygote.node<K>.log``: the warm interpreter's stderr, beside its node's rank logs."""
+    return f"zygote.node{node}.log"
+
+
+def peer_marker_name(node: int | str) -> str:
+    """``node<K>.here``: node K's marker, without a head, naming its ranks' progress records
+    for node 0 (``launch/observe/peers.py``)."""
+    return f"node{node}.here"
+
 
 def write_launcher_file(run_dir: str | os.PathLike[str], host: str, run_id: str, ranks: list[int],
                         hosts: list[str] | None = None) -> None:
@@ -437,6 +584,17 @@ def record_name(node_rank: int | str, kind: str) -> str:
     """``node<R>.<kind>``; the renderer passes the shell's ``$i`` as ``node_rank`` so the sbatch
     script reads exactly the names the launcher writes."""
     return f"node{node_rank}.{kind}"
+
+
+def attempt_end_name(attempt: int | str, node: int | str) -> str:
+    """``attempt<K>.node<R>.end``: how node R's attempt K ended, for node 0's decision on a
+    restart in place (``launch/restart/stepcoord.py``)."""
+    return f"attempt{attempt}.node{node}.end"
+
+
+def decision_name(attempt: int | str) -> str:
+    """``attempt<K>.decision``: node 0's decision after attempt K, which the other nodes poll for."""
+    return f"attempt{attempt}.decision"
 
 
 def write_record(directory: str, node_rank: int, kind: str, text: str) -> None:

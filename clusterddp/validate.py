@@ -329,6 +329,19 @@ def read_small_file(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def read_json_object(path: str, limit: int) -> dict[str, object] | None:
+    """The JSON object a small regular file holds (``read_small_file``); None when there is
+    none, it cannot be read, or it is not one: a record another process writes whole
+    (``atomicfile``) and this one polls for, where absent and unreadable mean "not yet"."""
+    import json
+
+    try:
+        data = json.loads(read_small_file(path, limit))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def path_problem(value: str) -> str | None:
     """A file or directory name as written in a job or a flag: one non-empty bounded line."""
     if not value:

@@ -23,6 +23,7 @@ may go unseen and count as training.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import time
@@ -31,6 +32,7 @@ from typing import Any
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.events import finite_time, read_events
+from clusterddp.protocol import EVENTS_FILE, EVENTS_GLOB
 from clusterddp.validate import clip, shown
 
 #: Labels in the order of the breakdown (training first); ``hang waits`` wins over all.
@@ -78,8 +80,8 @@ def find_run(target: str | None, log_dir: str) -> str:
                 return candidate
         raise ClusterDDPError(f"report: no run {shown(target)} under {clip(log_dir)}/")
     runs = [os.path.join(log_dir, name) for name in _listdir(log_dir)]
-    runs = [run for run in runs if os.path.isfile(os.path.join(run, "events.jsonl"))
-            or any(n.startswith("events") and n.endswith(".jsonl") for n in _listdir(run))]
+    runs = [run for run in runs if os.path.isfile(os.path.join(run, EVENTS_FILE))
+            or any(fnmatch.fnmatchcase(n, EVENTS_GLOB) for n in _listdir(run))]
     if not runs:
         raise ClusterDDPError(f"report: no run with an event log under {clip(log_dir)}/")
     return max(runs, key=os.path.getmtime)

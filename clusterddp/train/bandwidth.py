@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from clusterddp.netperf import pair_rounds
-from clusterddp.protocol import DOCTOR_MARKER
+from clusterddp.protocol import BACKEND_ENV, DOCTOR_MARKER
 
 #: Messages up to this size are latency-bound: more iterations are cheap and steady the figure.
 SMALL = 4096
@@ -76,7 +76,7 @@ def ping_pong(tensor: torch.Tensor, peer: int, first: bool, iters: int, sync: Ca
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    backend = args.backend or os.environ.get("CLUSTERDDP_BACKEND") or (
+    backend = args.backend or os.environ.get(BACKEND_ENV) or (
         "nccl" if torch.cuda.is_available() else "gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":

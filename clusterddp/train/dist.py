@@ -18,10 +18,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from clusterddp.protocol import BACKEND_ENV  # the backend the launcher chose from the job file
 from clusterddp.train.distenv import DistEnv, DistEnvError, read_dist_env
-
-#: Backend chosen by the launcher from the job file (``auto``, ``nccl``, ``gloo``).
-BACKEND_ENV = "CLUSTERDDP_BACKEND"
 
 #: Seconds a collective may wait for a peer before failing; overrides the default below.
 TIMEOUT_ENV = "CLUSTERDDP_DIST_TIMEOUT"

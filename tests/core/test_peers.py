@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from clusterddp import hang, progress
-from clusterddp.launch.observe.peers import SEES_FILE, SharedRunDir, marker_name, shared_run_dir
+from clusterddp.launch.observe.peers import SharedRunDir, shared_run_dir
+from clusterddp.protocol import PEERS_SEEN_FILE as SEES_FILE, peer_marker_name as marker_name
 from clusterddp.stackreport import RankWhere
 from clusterddp.topology import Topology
 

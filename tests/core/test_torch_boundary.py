@@ -8,7 +8,7 @@ from tests.conftest import REPO
 
 
 #: Run by path in a process of its own, the warm interpreter, whose whole point is to import
-#: torch (inside a function: the launcher imports this module for its framing only).
+#: torch (inside a function; the launcher never imports this module: its framing is protocol's).
 WARM_INTERPRETER = "clusterddp/launch/start/zygote.py"
 
 

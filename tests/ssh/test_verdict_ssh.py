@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from clusterddp.hostfile import entries_from_list
-from clusterddp.launch.ssh.headlog import Gatherer, copy_name
+from clusterddp.launch.ssh.headlog import Gatherer
+from clusterddp.protocol import events_copy_name as copy_name
 from clusterddp.launch.ssh.hosts import resolve_hosts
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.reach import ConnectSettings, HostSession, LaunchPlan, open_client

@@ -27,12 +27,13 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from clusterddp.atomicfile import WriteError, write_atomically
+from clusterddp.protocol import PEERS_SEEN_FILE, peer_marker_name
 from clusterddp.stackreport import format_ranks
 from clusterddp.topology import Topology
-from clusterddp.validate import host_problem, read_small_file
+from clusterddp.validate import host_problem, read_json_object
 
 #: Seconds between two looks for markers (node 0) or for the acknowledgement (node K).
 POLL_INTERVAL = 1.0
@@ -44,15 +45,9 @@ MARKER_WAIT = 30.0
 #: the same id and attempt (a requeued SLURM job waits at least the credential lifetime,
 #: 120 s by default, before it starts again); allows for the nodes' clocks to differ.
 SKEW = 60.0
-#: node 0's acknowledgement: which nodes' records it reads, by their markers' nonces.
-SEES_FILE = "node0.sees"
 #: A marker or acknowledgement bigger than this is not one.
 MAX_BYTES = 64 << 10
 _RECORD_FILE = re.compile(r"[A-Za-z0-9_.-]{1,255}")
-
-
-def marker_name(node: int) -> str:
-    return f"node{node}.here"
 
 
 @dataclass(frozen=True)
@@ -82,7 +77,7 @@ class SharedRunDir:
     _nonce: str = ""
     _next_poll: float = 0.0
     _said_alone: bool = False
-    #: node 0: the nonce of every node found (what ``SEES_FILE`` acknowledges).
+    #: node 0: the nonce of every node found (what ``PEERS_SEEN_FILE`` acknowledges).
     _nonces: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -107,7 +102,7 @@ class SharedRunDir:
                   "host": self.topology.host, "nonce": self._nonce, "t": self._began,
                   "files": [[rank, os.path.basename(path)] for rank, path in files]}
         try:
-            write_atomically(os.path.join(self.run_dir, marker_name(self.topology.node_rank)),
+            write_atomically(os.path.join(self.run_dir, peer_marker_name(self.topology.node_rank)),
                              json.dumps(marker), durable=False)
         except WriteError:
             pass  # node 0 will not see this node: each judges its own ranks, and node 0 says so
@@ -135,7 +130,7 @@ class SharedRunDir:
         self._next_poll = now + POLL_INTERVAL
         if self.topology.node_rank != 0:
             if not self.judged_elsewhere:
-                sees = _read_json(os.path.join(self.run_dir, SEES_FILE))
+                sees = read_json_object(os.path.join(self.run_dir, PEERS_SEEN_FILE), MAX_BYTES)
                 nodes = sees.get("nodes") if sees else None
                 self.judged_elsewhere = bool(
                     sees and sees.get("run_id") == self.topology.run_id and sees.get("attempt") == self._attempt
@@ -160,7 +155,7 @@ class SharedRunDir:
 
     def _peer(self, node: int) -> Peer | None:
         """Node ``node``'s marker for this run and attempt, when it names that node's ranks."""
-        marker = _read_json(os.path.join(self.run_dir, marker_name(node)))
+        marker = read_json_object(os.path.join(self.run_dir, peer_marker_name(node)), MAX_BYTES)
         if not marker or marker.get("run_id") != self.topology.run_id or marker.get("attempt") != self._attempt \
                 or marker.get("node") != node or not isinstance(marker.get("nonce"), str):
             return None
@@ -188,7 +183,7 @@ class SharedRunDir:
         sees = {"run_id": self.topology.run_id, "attempt": self._attempt,
                 "nodes": {str(node): self._nonces[node] for node in sorted(self.peers)}}
         try:
-            write_atomically(os.path.join(self.run_dir, SEES_FILE), json.dumps(sees), durable=False)
+            write_atomically(os.path.join(self.run_dir, PEERS_SEEN_FILE), json.dumps(sees), durable=False)
         except WriteError:
             pass  # those nodes go on judging their own ranks too: a slow host may be named twice
 
@@ -200,14 +195,6 @@ def shared_run_dir(run_dir: str | None, topology: Topology, headed: bool,
     if run_dir is None or headed or topology.nnodes < 2:
         return None
     return SharedRunDir(run_dir, topology, say)
-
-
-def _read_json(path: str) -> Mapping[str, object] | None:
-    try:
-        data = json.loads(read_small_file(path, MAX_BYTES))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _named(peers: Sequence[Peer]) -> str:

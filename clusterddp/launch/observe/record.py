@@ -60,9 +60,5 @@ def exit_code_of(exc: BaseException) -> int:
     if isinstance(exc, StoppedEarly):
         return 128 + exc.signum
     if isinstance(exc, SystemExit):
-        code = exc.code
-        if code is None:
-            return 0
-        # as CPython: an int past a C long exits 255 (PyLong_AsLong's -1), never its low bits
-        return (int(code) if -(1 << 63) <= code < 1 << 63 else -1) & 0xFF if isinstance(code, int) else 1
+        return protocol.exit_status(exc.code)  # as CPython's main, as a worker's bootstrap
     return 1

@@ -42,7 +42,7 @@ from clusterddp.launch.observe.peers import SharedRunDir
 from clusterddp.launch.restart.verdict import Failure, RankEnd, verdict
 from clusterddp.spec import RestartOnSpec
 from clusterddp.topology import Topology, free_port
-from clusterddp.validate import read_small_file
+from clusterddp.validate import read_json_object
 
 #: Seconds between two looks for the decision (nodes K) or for the nodes' ends (node 0).
 POLL = 0.02
@@ -55,14 +55,6 @@ DECISION_WAIT_SLACK = 2.0
 MAX_BYTES = 64 << 10
 #: Exit codes a restart in place never follows: the batch script treats them (requeue, stop).
 NOT_IN_PLACE = (exitcodes.PREEMPTED, exitcodes.NONFINITE_LOSS)
-
-
-def end_name(attempt: int, node: int) -> str:
-    return f"attempt{attempt}.node{node}.end"
-
-
-def decision_name(attempt: int) -> str:
-    return f"attempt{attempt}.decision"
 
 
 @dataclass(frozen=True)
@@ -156,7 +148,7 @@ class StepCoordinator:
         except OSError:
             return None
         for node in range(self.topology.nnodes):
-            if node != self.node and end_name(attempt, node) in names:
+            if node != self.node and protocol.attempt_end_name(attempt, node) in names:
                 end = self._end(attempt, node)
                 what = end.failure.name() if end and end.failure else "ended"
                 return f"node {node} ({end.host if end else '?'}) ended attempt {attempt}: {what}"
@@ -171,7 +163,7 @@ class StepCoordinator:
         end = NodeEnd(self.node, self.topology.host, failed_at, ended.exit_code, ended.failure, ended.progressed,
                       waits, ended.ranks)
         self._record(ended.attempt, end, None)
-        if not self._write(end_name(ended.attempt, self.node), end.to_json()):
+        if not self._write(protocol.attempt_end_name(ended.attempt, self.node), end.to_json()):
             waits = False
         if self.node == 0:
             decision = self._decide(ended, end, stopping)
@@ -224,7 +216,7 @@ class StepCoordinator:
             if stopping():
                 return None
         decision = self._judge(ended, ends)
-        if not self._write(decision_name(attempt), json.dumps(asdict(decision))):
+        if not self._write(protocol.decision_name(attempt), json.dumps(asdict(decision))):
             return None
         return decision
 
@@ -268,9 +260,9 @@ class StepCoordinator:
     def _wait_decision(self, attempt: int, stopping: Callable[[], bool]) -> Decision | None:
         """Node K: poll for node 0's decision; None when it does not come in time."""
         deadline = time.monotonic() + self.teardown_s + END_WAIT_SLACK + DECISION_WAIT_SLACK
-        path = os.path.join(self.directory, decision_name(attempt))
+        path = os.path.join(self.directory, protocol.decision_name(attempt))
         while time.monotonic() < deadline and not stopping():
-            data = _read_json(path)
+            data = read_json_object(path, MAX_BYTES)
             if data is not None:
                 return _decision(data, attempt)
             time.sleep(POLL)
@@ -281,7 +273,7 @@ class StepCoordinator:
     # -- files --------------------------------------------------------------------------------------
 
     def _end(self, attempt: int, node: int) -> NodeEnd | None:
-        data = _read_json(os.path.join(self.directory, end_name(attempt, node)))
+        data = read_json_object(os.path.join(self.directory, protocol.attempt_end_name(attempt, node)), MAX_BYTES)
         end = NodeEnd.from_json(data) if data is not None else None
         return end if end is not None and end.node == node else None
 
@@ -324,11 +316,3 @@ def _decision(data: Mapping[str, object], attempt: int) -> Decision | None:
         return None
     return Decision(attempt, bool(data["restart"]), port, why, data.get("final") is True,
                     float(failed_at) if failed_at is not None else None)
-
-
-def _read_json(path: str) -> dict[str, object] | None:
-    try:
-        data = json.loads(read_small_file(path, MAX_BYTES))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterddp.atomicfile import WriteError, write_atomically
-from clusterddp.events import EventLog, events_file
+from clusterddp.events import EventLog
 from clusterddp.launch.restart.policy import RestartPolicy, end_reason
 from clusterddp.launch.restart.verdict import Failure, verdict
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
 from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, progressed, rank_ends, verdict_failure
-from clusterddp.protocol import LAUNCHER_FILE
+from clusterddp.protocol import LAUNCHER_FILE, events_copy_name, events_name
 from clusterddp.spec import JobSpec
 
 #: An events file bigger than this is not fetched whole (a run writes a few KiB per attempt).
@@ -102,11 +102,11 @@ class Gatherer:
         # a launcher numbered again by a restart in place keeps its first log
         first = launcher.session.launched_as
         node_rank = launcher.node_rank if first is None else first
-        data = self._cat(launcher, os.path.join(self.remote_run_dir, events_file(node_rank)))
+        data = self._cat(launcher, os.path.join(self.remote_run_dir, events_name(node_rank)))
         if data is None:
             return name
         try:
-            write_atomically(self.local_run_dir / copy_name(node_rank, name), data, durable=False)
+            write_atomically(self.local_run_dir / events_copy_name(node_rank, name), data, durable=False)
         except WriteError:
             return name
         return None
@@ -133,12 +133,6 @@ class Gatherer:
         except Exception:  # noqa: BLE001 (paramiko raises many kinds on a dying link)
             return None
         return b"".join(chunks) if status == 0 and size <= MAX_BYTES else None
-
-
-def copy_name(node_rank: int, host: str) -> str:
-    """``events.node<K>.<host>.jsonl``: the head's copy of node K's log from ``host`` (a node
-    rank may move to another host after a restart, so the host is part of the name)."""
-    return f"events.node{node_rank}.{re.sub(r'[^A-Za-z0-9._-]', '_', host)}.jsonl"
 
 
 def _active(launcher: RemoteLauncher) -> bool:

@@ -12,7 +12,7 @@
   its path, or the zipapp's ``--clusterddp-zygote``)
 
 ``bootstrap.py`` and ``zygote.py`` run in the job's python, which may not import clusterddp:
-run by their paths, they import nothing of it and load what they need (the bootstrap,
-``clusterddp/protocol.py``) by its path; only inside the zipapp do they import it from the
-archive.
+run by their paths, they import nothing of it and load what they need by its path through
+one loader, ``bootstrap.load`` (the zygote runs ``bootstrap.py`` itself as Python runs a
+file); only inside the zipapp do they import it from the archive.
 """

@@ -21,7 +21,8 @@ interpreter and aborts a finished job (pytorch/pytorch#190489, exit 134); skippi
 the race instead of changing its odds. docs/train.md says what a script can no longer rely on.
 
 It is run by file path and imports only the standard library (and ``clusterddp/protocol.py``,
-loaded by its path next to this file), so it works under any interpreter a job names
+loaded by its path with ``load``, the one loader of the files that run in the job's python:
+the zygote loads what it needs with it too), so it works under any interpreter a job names
 (``python:``, 3.9 or later), even one where clusterddp is not installed, and costs a few
 milliseconds. ``run_main`` is the reusable part: whoever already has an interpreter (a warm
 one that forks workers) calls it in the child to run a script and end the way a worker ends.
@@ -40,10 +41,31 @@ import types
 from typing import NamedTuple, NoReturn, Sequence
 
 _stacks_file = None  # kept open for the process's life: faulthandler writes to its fd
-#: The zipapp's argument that runs this bootstrap (clusterddp.pack spells it the same).
-ZIPAPP_ARG = "--clusterddp-bootstrap"
 #: Frames of this file are cut from the script's tracebacks (the zipapp's path included).
 _HERE = __file__
+
+
+def load(*parts: str) -> types.ModuleType:
+    """The module ``clusterddp.<parts>``, the one way the files that run in the job's python
+    (this bootstrap, the zygote) load clusterddp's: imported as usual where this file was
+    itself imported from the package (the launcher; the zipapp, whose files are not on disk),
+    else by its path, as a private module left out of ``sys.modules`` (no ``import
+    clusterddp``: this interpreter may not have it, and the script must not find it there)."""
+    dotted = ".".join(("clusterddp", *parts))
+    if __name__.startswith("clusterddp."):
+        return importlib.import_module(dotted)
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # clusterddp/
+    path = os.path.join(package, *parts) + ".py"
+    spec = importlib.util.spec_from_file_location("_" + dotted.replace(".", "_"), path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: ``clusterddp/protocol.py``: the names this bootstrap shares with the launcher.
+protocol = load("protocol")
 
 
 def command() -> list[str]:
@@ -53,37 +75,19 @@ def command() -> list[str]:
     if os.path.isfile(here):
         return [here]
     archive = here.rsplit(os.sep + os.path.join("clusterddp", "launch", "start", "bootstrap.py"), 1)[0]
-    return [archive, ZIPAPP_ARG]
-
-
-def protocol() -> types.ModuleType:
-    """``clusterddp/protocol.py`` by its path (no ``import clusterddp``: it may not be
-    importable by this interpreter), as a private module left out of ``sys.modules``."""
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # clusterddp/
-    path = os.path.join(package, "protocol.py")
-    if not os.path.isfile(path):  # inside the zipapp, whose clusterddp is importable
-        import clusterddp.protocol
-
-        return clusterddp.protocol
-    spec = importlib.util.spec_from_file_location("_clusterddp_protocol", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return [archive, protocol.ZIPAPP_BOOTSTRAP_ARG]
 
 
 def arm_stack_dump() -> None:
     global _stacks_file
-    shared = protocol()
-    path = os.environ.get(shared.STACKS_FILE_ENV)
+    path = os.environ.get(protocol.STACKS_FILE_ENV)
     if not path:
         return
     try:
         _stacks_file = open(path, "a", buffering=1)
     except OSError:
         return
-    faulthandler.register(shared.DUMP_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+    faulthandler.register(protocol.DUMP_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
 
 
 def main() -> NoReturn:
@@ -103,7 +107,8 @@ def run_main(target: Sequence[str]) -> NoReturn:
 class Ending(NamedTuple):
     """How the script ended, as Python's main sees it."""
 
-    #: 0 when it returned, the SystemExit code, 1 after an uncaught exception.
+    #: 0 when it returned, the SystemExit code's status (``protocol.exit_status``), 1 after
+    #: an uncaught exception.
     status: int
     #: An uncaught KeyboardInterrupt: Python ends such a process by killing itself with
     #: SIGINT (after its cleanup), so that its parent sees the Ctrl-C.
@@ -119,7 +124,9 @@ def run(target: Sequence[str]) -> Ending:
         else:
             _run_script(target[0], list(target))
     except SystemExit as exc:
-        return Ending(_system_exit_status(exc))
+        if exc.code is not None and not isinstance(exc.code, int):
+            _print_exit_message(exc.code)
+        return Ending(protocol.exit_status(exc.code))
     except BaseException as exc:  # noqa: BLE001 (whatever the script raises, as Python's main)
         _print_uncaught(exc)
         return Ending(1, interrupted=isinstance(exc, KeyboardInterrupt))
@@ -211,26 +218,12 @@ def _hide_from_orig_argv(bootstrap: list[str]) -> None:
 
 # -- the end of a script, as Python's main ends it ----------------------------------------------
 
-#: A C long (LP64): what ``PyLong_AsLong`` takes without an OverflowError.
-_C_LONG_MIN, _C_LONG_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _system_exit_status(exc: SystemExit) -> int:
-    """The status ``sys.exit(code)`` gives, as CPython's ``_Py_HandleSystemExit``: None 0; an
-    int (bools and int subclasses too) through ``PyLong_AsLong``, so one past a C long is -1
-    (exit 255, never 0: ``2**63 & 0xFF`` would be); anything else printed to stderr and 1.
-    ``end`` keeps the low 8 bits, as ``exit()``."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        # compared, not ``in range(...)``: that walks the range for an int subclass
-        return int(code) if _C_LONG_MIN <= code <= _C_LONG_MAX else -1
+def _print_exit_message(code: object) -> None:
+    """``sys.exit("message")``: Python prints the message to stderr (and exits 1)."""
     try:
         sys.stderr.write(f"{code}\n")
     except Exception:  # noqa: BLE001 (a closed stderr: the status still says it)
         pass
-    return 1
 
 
 def _print_uncaught(exc: BaseException) -> None:

@@ -11,7 +11,7 @@ import shutil
 import sys
 from typing import Mapping
 
-from clusterddp import affinity
+from clusterddp import affinity, protocol
 from clusterddp.devices import GpuInventory, cpu_count, gpu_inventory
 from clusterddp.errors import LaunchError
 from clusterddp.launch.start import bootstrap
@@ -49,14 +49,14 @@ def worker_plans(job: JobSpec, topology: Topology, base_env: Mapping[str, str], 
     for local_rank in range(topology.nproc_per_node):
         rank = topology.global_rank(local_rank)
         cpus = binding.cpus[local_rank]
-        error_file = os.path.join(logs, f"rank{rank}.error.json")
+        error_file = os.path.join(logs, protocol.rank_file_name(rank, protocol.RANK_ERROR))
         env = WorkerEnv(topology, local_rank, launcher=base_env, job=job.env, max_restarts=job.restarts,
                         threads=share if cpus is None else len(cpus),  # one thread per CPU of its own
-                        error_file=error_file, stacks_file=os.path.join(logs, f"rank{rank}.stacks"),
-                        heartbeat_file=os.path.join(logs, f"rank{rank}.heartbeat"),
+                        error_file=error_file, stacks_file=os.path.join(logs, protocol.rank_file_name(rank, protocol.RANK_STACKS)),
+                        heartbeat_file=os.path.join(logs, protocol.rank_file_name(rank, protocol.RANK_HEARTBEAT)),
                         device=virtual_device(job, local_rank, gpus) if job.virtual_local_rank else None)
         plans.append(WorkerPlan(local_rank=local_rank, rank=rank, argv=argv, env=env, cwd=workdir(job, cwd),
-                                log=os.path.join(logs, f"rank{rank}.log"), error_file=error_file,
+                                log=os.path.join(logs, protocol.rank_file_name(rank, protocol.RANK_LOG)), error_file=error_file,
                                 cpus=cpus))
     return plans
 

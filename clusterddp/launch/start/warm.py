@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
+from clusterddp import protocol
 from clusterddp.launch.teardown import procs
-from clusterddp.launch.start import zygote as frames
 from clusterddp.launch.teardown.zygotetree import ZygoteTree
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 
@@ -50,8 +50,6 @@ READY_TIMEOUT = 120.0
 #: Longest wait for one fork (the zygote answers in milliseconds when healthy).
 FORK_TIMEOUT = 10.0
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
-#: The zipapp's argument that runs the zygote (clusterddp.pack.ZYGOTE_ARG spells it the same).
-ZIPAPP_ARG = "--clusterddp-zygote"
 
 
 #: How a zygote was started: interpreter, environment (sorted items), preloads.
@@ -219,7 +217,7 @@ class Zygote:
         request = {"argv": list(argv), "env": dict(env), "cwd": cwd, "cpus": list(cpus) if cpus else None,
                    "cgroup": cgroup, "launcher": os.getpid(), "batch": batch}
         try:
-            frames.send(self.sock, request, [null, out_w, err_w, go_r])
+            protocol.send_frame(self.sock, request, [null, out_w, err_w, go_r])
         except OSError as exc:
             _close((out_r, err_r, go_w))
             self._lose(f"it {self._how_gone()} before a fork" if self._exited()
@@ -269,7 +267,7 @@ class Zygote:
 
     def _receive(self, doing: str) -> dict[str, Any]:
         try:
-            message, _fds = frames.receive(self.sock)
+            message, _fds = protocol.receive_frame(self.sock)
         except ConnectionResetError:  # it died with our request unread (a loaded machine): as EOF
             message = None
         except (OSError, ValueError) as exc:
@@ -386,7 +384,7 @@ def zygote_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
 
 def zygote_log(worker_log: str, worker_env: Mapping[str, str]) -> str:
     """``zygote.node<K>.log`` beside the workers' logs."""
-    return os.path.join(os.path.dirname(worker_log), f"zygote.node{worker_env.get('GROUP_RANK', '0')}.log")
+    return os.path.join(os.path.dirname(worker_log), protocol.zygote_log_name(worker_env.get('GROUP_RANK', '0')))
 
 
 #: The zygote ``prestart`` started, until a group takes it (``take_prestarted``) or it is dropped.
@@ -437,8 +435,8 @@ def drop_prestarted() -> None:
 def zygote_command() -> list[str]:
     """How the job's interpreter runs the zygote: ``zygote.py`` by its path, or, when the
     launcher runs from the zipapp (``clusterddp pack``: every container on SLURM, every
-    Kubernetes pod), the archive itself with ``ZIPAPP_ARG``, whose ``__main__`` imports the
-    zygote (and the zygote the bootstrap) from the archive, as a cold worker's bootstrap is
+    Kubernetes pod), the archive itself with ``protocol.ZIPAPP_ZYGOTE_ARG``, whose ``__main__``
+    imports the zygote (and the zygote the bootstrap) from the archive, as a cold worker's bootstrap is
     run (``bootstrap.command``). Why not extract them to a directory: nothing is written,
     so there is no directory to own, protect, clean up or share between runs, and the zygote
     is the exact code of the launcher that starts it (docs/warm-start.md, "From the zipapp")."""
@@ -446,7 +444,7 @@ def zygote_command() -> list[str]:
         return [ZYGOTE]
     archive = ZYGOTE.rsplit(os.sep + os.path.join("clusterddp", "launch", "start", "zygote.py"), 1)[0]
     if archive != ZYGOTE and os.path.isfile(archive):
-        return [archive, ZIPAPP_ARG]
+        return [archive, protocol.ZIPAPP_ZYGOTE_ARG]
     raise ZygoteLost(f"no zygote.py at {ZYGOTE} and no archive holding it")
 
 

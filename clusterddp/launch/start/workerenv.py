@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, STOP_SIGNALS, SUPERVISOR_ID_ENV
+from clusterddp.protocol import BACKEND_ENV, HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, STOP_SIGNALS, SUPERVISOR_ID_ENV
 from clusterddp.topology import Topology
 
 
@@ -92,7 +92,7 @@ class WorkerEnv:
             "TORCHELASTIC_USE_AGENT_STORE": "False",
             "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(sig.name for sig in STOP_SIGNALS),
             "NODE_RANK": str(topology.node_rank),
-            "CLUSTERDDP_BACKEND": topology.backend,
+            BACKEND_ENV: topology.backend,
         })
         if self.error_file is not None:
             env["TORCHELASTIC_ERROR_FILE"] = self.error_file

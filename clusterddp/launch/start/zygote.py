@@ -35,10 +35,13 @@ signal number in its environment, the zygote sends itself that signal (9: killed
 stopped) right before its last reply to an attempt's requests, once every worker of it is
 forked, and says their pids on its stderr (its log) first.
 
-Only the standard library is imported here besides torch and the preloads, and
-``bootstrap.py`` is loaded by its path as a private module (not in ``sys.modules``); from the
+Only the standard library is imported here besides torch and the preloads. ``bootstrap.py``
+is run by its path as Python runs a file (``runpy.run_path``), out of ``sys.modules``; from the
 zipapp, imported from the archive as ``clusterddp.launch.start.bootstrap``, as a cold worker of the
-zipapp imports it.
+zipapp imports it. Everything else of clusterddp comes through the bootstrap's one loader
+(``bootstrap.load``): the socket's framing from ``protocol.py`` (``send_frame`` /
+``receive_frame``, shared with the launcher's side), the fork with a pipe from
+``launch/teardown/forking.py``.
 """
 
 from __future__ import annotations
@@ -47,13 +50,11 @@ import collections
 import contextlib
 import ctypes
 import gc
-import importlib.util
-import json
+import importlib
 import math
 import os
 import select
 import socket
-import struct
 import sys
 import threading
 import time
@@ -64,45 +65,12 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 #: Seconds a new worker waits to be reparented to the launcher before it gives up.
 _REPARENT_WAIT = 10.0
-#: Request and reply frames: a 4-byte big-endian length, then that much JSON.
-_LENGTH = struct.Struct("!I")
 #: Test hook (module docstring): a signal number the zygote sends itself before its last reply.
 _TEST_SIGNAL = "CLUSTERDDP_TEST_ZYGOTE_SIGNAL"
-
-
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    """One frame; ``fds`` ride on its first bytes (the launcher's side shares this framing)."""
-    body = json.dumps(message).encode()
-    header = _LENGTH.pack(len(body))
-    if fds:
-        socket.send_fds(sock, [header], fds)
-    else:
-        sock.sendall(header)
-    sock.sendall(body)
-
-
-def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
-    """One frame and the descriptors that came with it; (None, []) at EOF."""
-    header, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, max_fds) if max_fds \
-        else (sock.recv(_LENGTH.size), [], 0, None)
-    while header and len(header) < _LENGTH.size:
-        more = sock.recv(_LENGTH.size - len(header))
-        if not more:
-            break
-        header += more
-    if len(header) < _LENGTH.size:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    (size,) = _LENGTH.unpack(header)
-    chunks = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            return None, fds
-        chunks.append(chunk)
-        size -= len(chunk)
-    return json.loads(b"".join(chunks)), fds
+#: ``protocol.py`` (the socket's framing) and ``launch/teardown/forking.py``, which ``main``
+#: takes from the bootstrap's loader before anything is sent.
+_protocol: Any = None
+_forking: Any = None
 
 
 def _tasks() -> int:
@@ -182,7 +150,7 @@ def serve(sock: socket.socket) -> dict[str, Any]:
             continue
         batch: list[tuple[dict[str, Any], list[int]]] = []
         while not batch or len(batch) < int(batch[0][0].get("batch") or 1):
-            request, fds = receive(sock, max_fds=4)
+            request, fds = _protocol.receive_frame(sock, max_fds=4)
             if request is None:
                 os._exit(0)
             batch.append((request, fds))
@@ -217,7 +185,7 @@ def _reply(sock: socket.socket, started: tuple[int, int, int] | str, last: bool 
     """The pids of an intermediate's workers, in order, once it has exited (so they are the
     launcher's children already), or why one failed. ``last``: no other reply pending."""
     if isinstance(started, str):
-        send(sock, {"error": started})
+        _protocol.send_frame(sock, {"error": started})
         return
     middle, report_r, count = started
     os.waitpid(middle, 0)
@@ -228,7 +196,7 @@ def _reply(sock: socket.socket, started: tuple[int, int, int] | str, last: bool 
         sys.stderr.flush()
         os.kill(os.getpid(), int(os.environ[_TEST_SIGNAL]))
     for pid in (pids + [""] * count)[:count]:
-        send(sock, {"pid": int(pid)} if pid else {"error": "the worker did not start"})
+        _protocol.send_frame(sock, {"pid": int(pid)} if pid else {"error": "the worker did not start"})
 
 
 def _fork_middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int]]]) -> tuple[int, int, int] | dict[str, Any]:
@@ -236,20 +204,12 @@ def _fork_middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int
     workers' pids on, how many) in the zygote; a worker's request in that worker (set up).
     The intermediate exits once each of its workers says it is in its own session with its
     stdio and cgroup, so the launcher never gets a pid without its process group."""
-    report_r, report_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        middle = os.fork()
-    except OSError:
-        os.close(report_r)
-        os.close(report_w)
-        raise
+    middle, report = _forking.fork_with_pipe(True)  # the intermediate writes, the zygote reads
     if middle == 0:
-        os.close(report_r)
-        return _middle(sock, share, report_w)  # only a worker returns
-    os.close(report_w)
-    return middle, report_r, len(share)
+        return _middle(sock, share, report)  # only a worker returns
+    return middle, report, len(share)
 
 
 def _middle(sock: socket.socket, share: list[tuple[dict[str, Any], list[int]]], report_w: int) -> dict[str, Any]:
@@ -345,31 +305,36 @@ def become_worker(request: dict[str, Any]) -> None:
     sys.orig_argv = list(request["argv"])
 
 
-def _bootstrap() -> types.ModuleType:
-    """``bootstrap.py`` next to this file, by its path, out of ``sys.modules``; inside the
-    zipapp (no file at that path), imported from the archive, as a cold worker's is."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
-    if not os.path.isfile(path) and __name__ == "clusterddp.launch.start.zygote":
+def _bootstrap() -> Any:
+    """``bootstrap.py`` next to this file, run by its path as Python runs a file (the
+    standard library's loader: the zygote has none of its own) in a namespace out of
+    ``sys.modules``; imported from the archive where this file was (the zipapp), as a cold
+    worker's bootstrap is."""
+    if __name__ == "clusterddp.launch.start.zygote":
         from clusterddp.launch.start import bootstrap
 
         return bootstrap
-    spec = importlib.util.spec_from_file_location("_clusterddp_bootstrap", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import runpy
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+    return types.SimpleNamespace(**runpy.run_path(path, run_name="_clusterddp_bootstrap"))
 
 
 def main() -> None:
+    global _protocol, _forking
     sock = socket.socket(fileno=int(sys.argv[1]))
     began = time.monotonic()
     unsafe = warm_up(sys.argv[2:])
     try:
         bootstrap = _bootstrap()
-    except (OSError, ImportError) as exc:
-        unsafe = unsafe or f"cannot load the bootstrap: {exc}"
-    send(sock, {"ready": unsafe is None, "why": unsafe, "seconds": round(time.monotonic() - began, 3)})
+        _protocol, before = bootstrap.protocol, set(sys.modules)
+        _forking = bootstrap.load("launch", "teardown", "forking")
+        loaded = set(sys.modules) - before  # imported from the zipapp: a cold worker has none of them
+    except (OSError, ImportError) as exc:  # nothing to say it with: the launcher sees us exit
+        sys.stderr.write(f"clusterddp: the zygote cannot load the bootstrap: {exc}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    _protocol.send_frame(sock, {"ready": unsafe is None, "why": unsafe, "seconds": round(time.monotonic() - began, 3)})
     if unsafe is not None:  # stay until the launcher is done with us: it ends what the imports started
         try:
             while sock.recv(4096):
@@ -382,14 +347,22 @@ def main() -> None:
     gc.freeze()
     request = serve(sock)
     become_worker(request)
-    if sys.argv[:2] == bootstrap.command()[:2] == [sys.argv[0], bootstrap.ZIPAPP_ARG]:
+    if sys.argv[:2] == bootstrap.command()[:2] == [sys.argv[0], _protocol.ZIPAPP_BOOTSTRAP_ARG]:
         del sys.argv[1]  # from the zipapp: as its __main__ does before a cold worker's bootstrap
     if __name__ != "__main__":  # imported from the zipapp: a cold worker has no zygote module
-        sys.modules.pop(__name__, None)
-        package = sys.modules.get(__name__.rpartition(".")[0])
-        if package is not None and hasattr(package, "zygote"):
-            delattr(package, "zygote")
+        _forget([__name__, *sorted(loaded)])
     bootstrap.main()
+
+
+def _forget(names: list[str]) -> None:
+    """Modules out of ``sys.modules`` and out of their packages: a worker forked from the
+    zipapp's zygote has only the modules a cold worker of the zipapp has."""
+    for name in names:
+        sys.modules.pop(name, None)
+        parent, _, leaf = name.rpartition(".")
+        package = sys.modules.get(parent)
+        if package is not None and hasattr(package, leaf):
+            delattr(package, leaf)
 
 
 if __name__ == "__main__":

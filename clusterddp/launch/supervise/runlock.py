@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from clusterddp.errors import LaunchError
+from clusterddp.protocol import HEAD_LOCK, rank_lock_name
 from clusterddp.validate import escape_controls, shown
 
 #: Bytes of a lock file read to name its holder.
@@ -50,7 +51,7 @@ class RankLocks:
 
 
 def lock_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f".rank{rank}.lock")
+    return os.path.join(run_dir, rank_lock_name(rank))
 
 
 def lock_ranks(run_dir: str, ranks: Sequence[int], where: str, run_id: str, wait: float = 0.0,
@@ -69,10 +70,6 @@ def lock_ranks(run_dir: str, ranks: Sequence[int], where: str, run_id: str, wait
 def lock_head(run_dir: str, where: str, run_id: str) -> RankLocks:
     """The SSH head's own files (``ssh-<host>.log``, ``launcher.json``): one head per run id."""
     return _lock_all(run_dir, [(os.path.join(run_dir, HEAD_LOCK), "the SSH head's files")], where, run_id, 0.0, None)
-
-
-#: The SSH head's lock in the run directory (its remote launchers lock their ranks beside it).
-HEAD_LOCK = ".head.lock"
 
 
 def _lock_all(run_dir: str, files: Sequence[tuple[str, str]], where: str, run_id: str, wait: float,

@@ -32,6 +32,7 @@ from typing import IO, Callable, Iterable, Mapping, Sequence
 
 from clusterddp.launch.teardown import cgroup as cgroups
 from clusterddp import sigstart
+from clusterddp.procid import ProcStat, proc_stat, start_time
 from clusterddp.protocol import SUPERVISOR_ID_ENV
 
 _PR_SET_PDEATHSIG = 1
@@ -100,27 +101,18 @@ def children() -> set[int]:
     return {pid for pid, stat in _stats() if stat[1] == me}
 
 
-def _stats() -> list[tuple[int, tuple[str, int, int, int]]]:
+def _stats() -> list[tuple[int, ProcStat]]:
     """(pid, (state, ppid, pgrp, start time)) of every process, from /proc/*/stat."""
-    result: list[tuple[int, tuple[str, int, int, int]]] = []
+    result: list[tuple[int, ProcStat]] = []
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
         return result
     for entry in entries:
-        stat = _stat(int(entry))
+        stat = proc_stat(int(entry))
         if stat is not None:
             result.append((int(entry), stat))
     return result
-
-
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()  # the name may hold spaces and ')'
-        return rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def reap(pids: Iterable[int]) -> set[int]:
@@ -178,16 +170,11 @@ def descendants(roots: Iterable[int]) -> list[tuple[int, int]]:
 def kill_processes(processes: Iterable[tuple[int, int]]) -> None:
     """SIGKILL each (pid, start time) that is still the same process (its pid not reused)."""
     for pid, start in processes:
-        if _start_time(pid) == start:
+        if start_time(pid) == start:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _start_time(pid: int) -> int | None:
-    stat = _stat(pid)
-    return stat[3] if stat else None
 
 
 def new_marker() -> str:

@@ -28,6 +28,7 @@ from typing import IO
 
 from clusterddp.launch.teardown import cgroup as cgroups
 from clusterddp.launch.teardown import procs
+from clusterddp.launch.teardown.forking import fork_with_pipe
 
 #: A reaper lost this many times within WINDOW seconds is replaced each time; once more stops the job.
 REPLACEMENTS = 3
@@ -143,19 +144,11 @@ class Reaper:
 
 def _start(token: str, cgroup_dir: str | None) -> tuple[int, IO[str]]:
     """Fork a reaper; its pid and the launcher's end of its pipe."""
-    read_end, write_end = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(read_end)
-        os.close(write_end)
-        raise
-    if pid == 0:  # the reaper
-        os.close(write_end)
-        _reaper_main(read_end, token, cgroup_dir)
-    os.close(read_end)
-    os.set_inheritable(write_end, False)
-    return pid, os.fdopen(write_end, "w", buffering=1)
+    pid, pipe = fork_with_pipe(child_writes=False)
+    if pid == 0:  # the reaper, reading what the launcher writes
+        _reaper_main(pipe, token, cgroup_dir)
+    os.set_inheritable(pipe, False)
+    return pid, os.fdopen(pipe, "w", buffering=1)
 
 
 def _lost(pid: int) -> str | None:
