@@ -66,7 +66,11 @@ def _dispatch(argv: list[str]) -> int:
         from clusterddp.schedulers import get_scheduler
 
         options = scheduler_options(args.command, args.scheduler, argv[2:])
-        return int(get_scheduler(args.scheduler).main(options))
+        scheduler = get_scheduler(args.scheduler)
+        code = int(scheduler.main(options))
+        if scheduler.submitted is not None:
+            _record_submit(scheduler, options)
+        return code
     args = parser.parse_args(command)
     if args.command is None:
         parser.print_help()
@@ -93,6 +97,21 @@ def _dispatch(argv: list[str]) -> int:
         return doctor_main(args.job, options_from(DoctorOptions, args))
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _record_submit(scheduler: Scheduler[Any], options: Any) -> None:
+    """A submitted job goes into the run registry as ``<scheduler>-<its id>``, pending."""
+    from clusterddp.registry import track
+    from clusterddp.spec import load_job
+
+    submitted = scheduler.submitted
+    if submitted is None:
+        return
+    job = load_job(str(options.job))
+    track.begin(scheduler.name, validate.as_token(f"{scheduler.name}-{submitted.job_id}"), job.name,
+                submitted.run_dir, job_file=str(options.job), hosts=[], job_id=submitted.job_id,
+                where=submitted.where, state="pending", launcher=False, console=submitted.console,
+                scheduler_options={**submitted.options, "id_field": submitted.id_field})
 
 
 def _pack(output: str | None) -> int:
@@ -354,10 +373,71 @@ def _run(args: argparse.Namespace) -> int:
     if wants_fanout(job, options):
         from clusterddp.launch.ssh.fanout import fanout_options, run_fanout
 
-        return run_fanout(job, fanout_options(options))
+        if options.dry_run:
+            return run_fanout(job, fanout_options(options))
+        options = _with_run_id(job, options)
+        return _tracked("ssh", job, options, lambda: run_fanout(job, fanout_options(options)), hosts=[])
     from clusterddp.launch.local import run_local
 
-    return run_local(job, options, dict(os.environ))
+    if not _records_itself(job, options):  # a node of a bigger run: whoever started it records it
+        return run_local(job, options, dict(os.environ))
+    options = _with_run_id(job, options)
+    return _tracked("local", job, options, lambda: run_local(job, options, dict(os.environ)))
+
+
+def _records_itself(job: JobSpec, options: RunOptions) -> bool:
+    """A run typed here on this one machine (not a dry run, not a node the SSH head, the
+    sbatch script or a flag placed, not under a scheduler): it goes into the run registry."""
+    if options.dry_run or options.watch_stdin or options.record_dir is not None or options.overrides(job).any_given:
+        return False
+    from clusterddp.envs import detect
+
+    return detect(dict(os.environ), options.overrides(job)).name == "local"
+
+
+def _with_run_id(job: JobSpec, options: RunOptions) -> RunOptions:
+    """The run id fixed here, before the launch, so the record names the run's directory."""
+    from dataclasses import replace
+
+    from clusterddp.topology import default_run_id
+
+    return replace(options, run_id=options.run_id or default_run_id(job.name))
+
+
+def _tracked(target: str, job: JobSpec, options: RunOptions, start: Callable[[], int],
+             hosts: list[str] | None = None) -> int:
+    """``start()`` recorded in the run registry: once when it starts, once when it ends
+    (whatever ends it: its exit code, a stop signal, a refusal)."""
+    from clusterddp.registry import track
+
+    run_id = str(options.run_id)
+    record = track.begin(target, run_id, job.name, os.path.join(job.logs.dir, run_id),
+                         job_file=job.source, hosts=hosts)
+    code = 1
+    try:
+        code = start()
+        return code
+    except earlystop.StoppedEarly as exc:
+        code = 128 + exc.signum
+        raise
+    except ClusterDDPError as exc:
+        code = exc.exit_code
+        raise
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+        raise
+    finally:
+        track.end(record, code, _goodput(record.run_dir) if record is not None else None)
+
+
+def _goodput(run_dir: str) -> float | None:
+    """``clusterddp report``'s goodput of a run, None without events."""
+    from clusterddp.diagnose.goodput import analyse
+
+    try:
+        return analyse(run_dir)[0].goodput
+    except (ClusterDDPError, OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _env(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from clusterddp.spec import JobSpec
 from clusterddp.redact import passthrough_env, scrub
 from clusterddp.schedulers.common import write_output
 from clusterddp.schedulers import quoting as q
-from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, Submitted
 from clusterddp.schedulers.slurm_container import container_step, launcher_path
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
@@ -275,7 +275,12 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
         passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env, job.line_of)
         if job.container.enabled and not options.dry_run:
             _ensure_launcher(job)
-        return _submit(job, request.text, dry_run=options.dry_run, env=env)
+        job_id = _submit(job, request.text, dry_run=options.dry_run, env=env)
+        if job_id is not None:
+            self.submitted = Submitted(job_id, "job_id", run_dir=os.path.abspath(os.path.join(job.logs.dir, job_id)),
+                                       console=os.path.abspath(batch_log(job, job_id)),
+                                       options={"python": options.python} if options.python else {})
+        return 0
 
 
 def _ensure_launcher(job: JobSpec) -> None:
@@ -301,15 +306,21 @@ def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in KEPT_SLURM_VARS or not k.startswith(SCRUBBED_PREFIXES)}
 
 
-def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) -> int:
-    """Write the script into the log dir (it documents the run), then ``sbatch --parsable`` it."""
+def batch_log(job: JobSpec, job_id: str) -> str:
+    """The batch shell's log (``#SBATCH --output``) of job ``job_id``."""
+    return default_output(job).replace("%x", job.name).replace("%j", job_id)
+
+
+def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) -> str | None:
+    """Write the script into the log dir (it documents the run), then ``sbatch --parsable`` it;
+    the job id (None on a dry run)."""
     log_dir = Path(job.logs.dir)
     path = log_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
     command = ["sbatch", "--parsable", str(path)]
     if dry_run:
         sys.stdout.write(script)
         print(f"# dry run: would write {path} and run: {shlex.join(command)}")
-        return 0
+        return None
     clean = sbatch_env(env)
     if shutil.which("sbatch", path=clean.get("PATH")) is None:
         raise SubmitError("sbatch is not on PATH", "run this on a SLURM login node, or use 'render' and copy the script")
@@ -324,8 +335,8 @@ def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) ->
         sys.stderr.write(scrub(result.stderr))
         raise SubmitError(f"sbatch failed with exit code {result.returncode} (script kept at {path})")
     job_id = result.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
-    output = default_output(job).replace("%x", job.name).replace("%j", job_id)
+    output = batch_log(job, job_id)
     print(job_id)
     print(f"clusterddp: submitted job {job_id}; script {path}; batch log {output}; "
           f"worker logs under {job.logs.dir}/{job_id}/", file=sys.stderr)
-    return 0
+    return job_id
