@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(argv: list[str]) -> int:
     command, extra = _split_command(argv)
     parser = build_parser()
+    if len(argv) >= 2 and argv[0] in RUN_ACTIONS and argv[1] not in SCHEDULERS and argv[1] not in ("-h", "--help"):
+        return _by_run_id(argv[0], argv[1:])  # `clusterddp stop RUN`: any target, by its run id
     if len(argv) >= 1 and argv[0] in SCHEDULER_ACTIONS:
         # `clusterddp submit slurm JOB ...`: the scheduler's own flags follow its name.
         args, _ = parser.parse_known_args(argv[:2])
@@ -89,6 +91,8 @@ def _dispatch(argv: list[str]) -> int:
         from clusterddp.diagnose.goodput import ReportOptions, report_main
 
         return report_main(options_from(ReportOptions, args))
+    if args.command == "ls":
+        return _ls(args.json, args.refresh)
     if args.command == "pack":
         return _pack(args.output)
     if args.command == "doctor":
@@ -97,6 +101,69 @@ def _dispatch(argv: list[str]) -> int:
         return doctor_main(args.job, options_from(DoctorOptions, args))
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+#: The actions that also take a run id from the registry instead of a scheduler's name.
+RUN_ACTIONS = ("status", "stop", "logs")
+
+
+def _ls(as_json: bool, refresh: bool) -> int:
+    """``clusterddp ls``: every record, checked where cheap; each scheduler asked once for all
+    its runs still going (``--refresh``: for all its runs)."""
+    from clusterddp.registry import store, view
+
+    records, problems = store.load_all()
+    for problem in problems:
+        print(f"clusterddp: warning: {validate.clip(problem, 300)}", file=sys.stderr)
+    rows = [view.live(record, _goodput) for record in records]
+    for name in SCHEDULERS:  # one question per platform, for all its runs at once
+        asked = [row.record for row in rows if row.record.target == name and (refresh or row.state not in store.FINAL)]
+        if asked:
+            from clusterddp.schedulers import get_scheduler
+
+            view.merge(rows, get_scheduler(name).refresh(asked, os.environ))
+    now = store.now()
+    sys.stdout.write(view.as_json(rows, now, problems) if as_json else view.table(rows, now))
+    return 0
+
+
+def _by_run_id(action: str, argv: list[str]) -> int:
+    """``clusterddp status|stop|logs RUN``: the run's record says where it runs; a local or
+    SSH run is handled here (clusterddp.registry.local), a submitted one by its scheduler's
+    own action with the options ``submit`` recorded."""
+    from clusterddp.registry import local, store, view
+
+    parser = _Parser(prog=f"clusterddp {action}", add_help=False)
+    parser.add_argument("run")
+    if action == "logs":
+        parser.add_argument("-f", "--follow", action="store_true")
+        parser.add_argument("--rank", type=_rank)
+    args = parser.parse_args(argv)
+    record = store.find(args.run)
+    follow, rank = getattr(args, "follow", False), getattr(args, "rank", None)
+    if record.target in ("local", "ssh"):
+        if action == "stop":
+            return local.stop(record)
+        if action == "logs":
+            return local.logs(record, follow, rank)
+        for line in view.status_lines(view.live(record, _goodput), store.now()):
+            print(line)
+        return 0
+    from clusterddp.schedulers import get_scheduler
+
+    scheduler = get_scheduler(record.target)
+    scheduler.check_action(action)
+    values = dict(record.scheduler_options)
+    values[str(values.pop("id_field", "job_id"))] = record.job_id
+    takes = {flag.dest for flag in scheduler.flags_for(action)}
+    values.update({key: value for key, value in (("follow", follow), ("rank", rank)) if key in takes})
+    return int(scheduler.main(scheduler.options(action, {k: v for k, v in values.items() if k in takes})))
+
+
+def _rank(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 7:
+        raise ValueError(raw)
+    return int(raw)
 
 
 def _record_submit(scheduler: Scheduler[Any], options: Any) -> None:
@@ -270,6 +337,12 @@ def _add_tool_commands(sub: Any) -> None:
     report.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
     report.add_argument("--log-dir", default="logs")
     report.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    ls = sub.add_parser("ls", help="the runs this machine started, on every target, and how they are doing",
+                        description="Every run recorded under $CLUSTERDDP_HOME (see docs/runs.md): id, target, "
+                                    "where, state, attempts, start, duration, exit code and root cause, goodput.")
+    ls.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    ls.add_argument("--refresh", action="store_true",
+                    help="ask every platform again, for finished runs too (one call per target)")
     pack = sub.add_parser("pack", help="write the launcher as one file (a zipapp) that any python3 runs")
     pack.add_argument("-o", "--output", help="the file to write (default clusterddp-VERSION.pyz)")
 
@@ -289,7 +362,8 @@ def _add_scheduler_commands(sub: Any) -> None:
     names = list(SCHEDULERS)
     for action in SCHEDULER_ACTIONS:
         what = "follow the job's logs" if action == "logs" else f"{action} the job"
-        p = sub.add_parser(action, help=f"{what} on a scheduler ({', '.join(names)})", add_help=False)
+        by_run = " (or of any run by its id: RUN from 'clusterddp ls')" if action in RUN_ACTIONS else ""
+        p = sub.add_parser(action, help=f"{what} on a scheduler ({', '.join(names)}){by_run}", add_help=False)
         p.add_argument("scheduler", help=" or ".join(names))
 
 

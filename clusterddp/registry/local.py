@@ -15,7 +15,7 @@ from clusterddp.procid import NotTheProcess, signal_process, why_not_running
 from clusterddp.registry import store
 from clusterddp.registry.logs import rank_logs, show
 from clusterddp.registry.store import FINAL, RunRecord
-from clusterddp.registry.view import live
+from clusterddp.registry.view import live, zombie
 
 #: Seconds ``stop`` waits for the launcher to end beyond the run's own teardown.
 STOP_WAIT = 120.0
@@ -23,7 +23,7 @@ STOP_WAIT = 120.0
 
 def running(record: RunRecord) -> bool:
     identity = record.identity()
-    return identity is not None and why_not_running(identity) is None
+    return identity is not None and why_not_running(identity) is None and not zombie(identity.pid)
 
 
 def stop(record: RunRecord, env: Mapping[str, str] | None = None, wait: float = STOP_WAIT) -> int:
@@ -45,7 +45,7 @@ def stop(record: RunRecord, env: Mapping[str, str] | None = None, wait: float = 
         return 0
     print(f"clusterddp: asked run {record.run_id} to stop (SIGTERM to its launcher, pid {identity.pid})")
     deadline = time.monotonic() + wait
-    while why_not_running(identity) is None:
+    while why_not_running(identity) is None and not zombie(identity.pid):
         if time.monotonic() > deadline:
             print(f"clusterddp: run {record.run_id}: its launcher is still stopping after {wait:.0f}s")
             return 1

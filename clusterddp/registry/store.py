@@ -275,7 +275,7 @@ def find(typed: str, env: Mapping[str, str] | None = None) -> RunRecord:
     a hostile id, an unknown one, or a prefix of two."""
     problem = id_problem(typed)
     if problem:
-        raise ClusterDDPError(f"run id {shown(typed)}: {problem.removeprefix('must be ')}")
+        raise ClusterDDPError(f"run id {shown(typed)}: {problem}")
     directory = runs_dir(env)
     exact = _read(directory / f"{typed}{SUFFIX}")
     if exact is not None:

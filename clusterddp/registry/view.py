@@ -68,6 +68,8 @@ def live(record: RunRecord, goodput: Goodput | None = None) -> Row:
         return row
     identity = record.identity()
     why = why_not_running(identity) if identity is not None else "the record names no launcher"
+    if why is None and identity is not None and zombie(identity.pid):
+        why = f"pid {identity.pid} has exited"
     summary = summarise(record.run_dir)
     row.attempts = max(summary.attempts, 1)
     row.root_cause = summary.root_cause or record.root_cause
@@ -81,6 +83,17 @@ def live(record: RunRecord, goodput: Goodput | None = None) -> Row:
     if goodput is not None:
         row.goodput = goodput(record.run_dir)
     return row
+
+
+def zombie(pid: int) -> bool:
+    """The launcher has exited and waits for its parent to reap it (a shell, a test): it is
+    over, though its pid and start time still stand in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read(4096).rpartition(b")")[2].split()
+    except OSError:
+        return True
+    return bool(fields) and fields[0] in (b"Z", b"X")
 
 
 def _host() -> str:
@@ -117,7 +130,7 @@ def table(rows: Sequence[Row], now: float) -> str:
         cells.append([r.run_id, r.target, clip(row.where(), 40), row.state, str(row.attempts), _when(r.started),
                       _duration(row.duration(now)), "-" if r.exit_code is None else str(r.exit_code),
                       "-" if row.goodput is None else f"{row.goodput:.0%}", clip(row.root_cause or row.note, 80)])
-    cells = [[escape_controls(c) for c in line] for line in cells]
+    cells = [[c if c.isprintable() else escape_controls(c) for c in line] for line in cells]
     widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells) + "\n"
 

@@ -15,10 +15,11 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, Sequence, TypeVar
 
 from clusterddp.atomicfile import output_path
 from clusterddp.errors import ClusterDDPError
+from clusterddp.registry.store import RunRecord
 from clusterddp.schedulers.common import ACTIONS, write_output
 from clusterddp.spec import JobSpec, load_job
 from clusterddp.validate import positive_seconds_problem
@@ -177,6 +178,12 @@ class Scheduler(ABC, Generic[O]):
 
     def logs(self, options: O, env: Mapping[str, str]) -> int:
         raise self._missing("logs")
+
+    def refresh(self, records: Sequence[RunRecord], env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """What the platform says now of these runs it took (``clusterddp ls``): run id ->
+        changed record fields, from one question for all of them. None here: the records
+        stay as ``submit`` left them (``clusterddp status RUN`` asks the platform)."""
+        return {}
 
     def main(self, options: O, env: Mapping[str, str] | None = None) -> int:
         """Run ``options.action``: the one path every scheduler's actions take from the CLI."""

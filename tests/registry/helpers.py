@@ -41,3 +41,28 @@ def start(*args: str, home: Path, cwd: Path, **extra: str) -> subprocess.Popen[s
 
 def records(home: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((home / "runs").glob("*.json"))]
+
+
+def wait_ready(directory: Path, count: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until ``count`` ranks wrote ``rank<R>.ready`` (tests/bin/wait_for_file.py), or fail with
+    the launcher's output when it ended first."""
+    import time
+
+    from tests.testbed.patience import patient
+
+    deadline = time.monotonic() + patient(timeout)
+    while len(list(directory.glob("rank*.ready"))) < count:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the launcher ended ({proc.returncode}) first:\n{out}\n{err}")
+        assert time.monotonic() < deadline, "the ranks never became ready"
+        time.sleep(0.05)
+
+
+def waiting_job(directory: Path, name: str = "waiter") -> tuple[Path, Path, Path]:
+    """A job whose 2 ranks print 'rank R started', write their ready file, wait for GO, print
+    'rank R done' and exit 0: (job file, ready directory, GO file)."""
+    ready = directory / f"{name}-ready"
+    ready.mkdir()
+    go = directory / f"{name}-go"
+    return write_job(directory, name=name, script="wait_for_file.py", args=[str(ready), str(go)]), ready, go
