@@ -34,11 +34,14 @@ def summarise(run_dir: str) -> Summary:
     owner = [e for e in events if e.get("node") is None] or events
     summary.attempts = len({e.get("attempt", 0) for e in owner if e.get("kind") == "attempt_start"})
     last_kind = ""
+    causes: dict[int, list[tuple[float, str]]] = {}  # attempt -> (failed at, cause) of each node
     for event in owner:
         kind = event.get("kind")
         if kind == "attempt_end":
-            if event.get("exit_code"):
-                summary.root_cause = _cause(event)
+            if event.get("exit_code") and event.get("root_cause"):
+                at = event.get("failed_at")
+                when = float(at) if isinstance(at, (int, float)) else float(event["t"])
+                causes.setdefault(int(event.get("attempt") or 0), []).append((when, _cause(event)))
             last_kind = "restart" if event.get("verdict") == "restart" else "end"
         elif kind == "attempt_start":
             last_kind = "start"
@@ -48,6 +51,8 @@ def summarise(run_dir: str) -> Summary:
             summary.ended = True
             code = event.get("exit_code")
             summary.exit_code = code if type(code) is int else None
+    if causes:  # the last failed attempt's first failure (a node's peers then end by its stop)
+        summary.root_cause = min(causes[max(causes)])[1]
     summary.restarting = last_kind == "restart" and not summary.ended
     try:
         launcher = read_launcher_file(run_dir)

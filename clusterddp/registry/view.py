@@ -44,7 +44,8 @@ class Row:
         r = self.record
         if r.target in ("local", "ssh"):
             return ",".join(r.hosts)
-        parts = [p for p in (f"job {r.job_id}" if r.job_id else "", r.where) if p]
+        parts = [p for p in (f"job {r.job_id}" if r.job_id else "", f"on {','.join(r.hosts)}" if r.hosts else "",
+                             r.where) if p]
         return " ".join(parts)
 
     def as_json(self, now: float) -> dict[str, Any]:

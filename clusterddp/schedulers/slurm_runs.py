@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 from clusterddp.errors import ClusterDDPError, SubmitError
 from clusterddp.redact import scrub
 from clusterddp.registry import store
+from clusterddp.registry.events import summarise
 from clusterddp.registry.logs import one, rank_logs, show
 from clusterddp.registry.store import RunRecord
 from clusterddp.registry.view import live, merge, status_lines
@@ -114,7 +115,8 @@ def recorded(run_dir: str) -> Outcome | None:
         return None
     status = int(raw[0])
     last = int(raw[1]) if len(raw) > 1 and raw[1].isdigit() else None
-    return Outcome("finished" if status == 0 else "failed", status, root_cause(launchers) if status else "",
+    cause = (root_cause(launchers) or summarise(run_dir).root_cause) if status else ""
+    return Outcome("finished" if status == 0 else "failed", status, cause,
                    attempts=None if last is None else last + 1, source="the batch script's record")
 
 
