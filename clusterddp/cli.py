@@ -79,6 +79,7 @@ def _dispatch(argv: list[str]) -> int:
         return 2
     args = _typed(args, os.environ)
     args.script_command = extra
+    args.argv = argv
     if args.command == "run":
         return _run(args)
     if args.command == "env":
@@ -91,6 +92,10 @@ def _dispatch(argv: list[str]) -> int:
         from clusterddp.diagnose.goodput import ReportOptions, report_main
 
         return report_main(options_from(ReportOptions, args))
+    if args.command == "attach":
+        from clusterddp.registry import detach, store
+
+        return detach.attach(store.find(args.run))
     if args.command == "ls":
         return _ls(args.json, args.refresh)
     if args.command == "pack":
@@ -337,6 +342,11 @@ def _add_tool_commands(sub: Any) -> None:
     report.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
     report.add_argument("--log-dir", default="logs")
     report.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    attach = sub.add_parser("attach", help="a detached run's console from its first line, followed to its end",
+                            description="Print the console of a run started with --detach from its first line, "
+                                        "follow it to the run's end and exit with the run's exit code; Ctrl-C "
+                                        "stops following and leaves the run going (docs/runs.md).")
+    attach.add_argument("run", help="run id, or the start of one (clusterddp ls)")
     ls = sub.add_parser("ls", help="the runs this machine started, on every target, and how they are doing",
                         description="Every run recorded under $CLUSTERDDP_HOME (see docs/runs.md): id, target, "
                                     "where, state, attempts, start, duration, exit code and root cause, goodput.")
@@ -442,8 +452,13 @@ def _run(args: argparse.Namespace) -> int:
     """``clusterddp run``: the job fanned out over SSH, or run on this node; the launcher's exit code."""
     from clusterddp.launch.options import wants_fanout
 
+    from clusterddp.registry.detach import DETACHED_ENV
+
     job = _load(args)
     options = run_options(args)
+    console = os.environ.pop(DETACHED_ENV, None)  # this is the detached launcher: never detach again
+    if job.detach and console is None and not options.dry_run:
+        return _detach(job, options, args.argv)
     if wants_fanout(job, options):
         from clusterddp.launch.ssh.fanout import fanout_options, run_fanout
 
@@ -456,7 +471,39 @@ def _run(args: argparse.Namespace) -> int:
     if not _records_itself(job, options):  # a node of a bigger run: whoever started it records it
         return run_local(job, options, dict(os.environ))
     options = _with_run_id(job, options)
-    return _tracked("local", job, options, lambda: run_local(job, options, dict(os.environ)))
+    return _tracked("local", job, options, lambda: run_local(job, options, dict(os.environ)), console=console)
+
+
+def _detach(job: JobSpec, options: RunOptions, argv: list[str]) -> int:
+    """``run --detach``: the same run started again in its own session (clusterddp.registry.detach);
+    back once every rank runs, or with the launcher's own refusal when it ended first."""
+    from clusterddp.launch.options import wants_fanout
+    from clusterddp.registry import detach
+
+    if wants_fanout(job, options):
+        raise ClusterDDPError(f"{job.where('detach')}: an SSH run cannot detach yet (local runs only)",
+                              "leave out --detach (or detach: true) for a hostfile run")
+    if not _records_itself(job, options):
+        raise ClusterDDPError(f"{job.where('detach')}: only a run this machine starts alone can detach, "
+                              "not a node placed by flags or a scheduler")
+    options = _with_run_id(job, options)
+    run_id = str(options.run_id)
+    name = {row.dest: row.name for row in flags.RUN_FLAGS}  # the flags as their rows spell them
+    own, script = (argv[1:], []) if "--" not in argv else (argv[1:argv.index("--")], argv[argv.index("--"):])
+    child = [sys.executable, "-m", "clusterddp", "run", *[a for a in own if a != name["detach"]],
+             name["run_id"], run_id, *script]
+    run_dir = os.path.abspath(os.path.join(job.logs.dir, run_id))
+    proc, console = detach.start(child, run_dir, os.environ)
+    if not detach.wait_running(proc, run_id, run_dir):
+        with open(console, "rb") as f:  # its own refusal, as 'run' would have printed it
+            sys.stderr.write(f.read(1 << 16).decode("utf-8", "replace"))
+        return proc.returncode
+    print(run_id)
+    print(f"clusterddp: run {run_id} detached (launcher pid {proc.pid}), every rank running; its console: "
+          f"{console}\n  clusterddp attach {run_id}    # its console from the first line, then follow "
+          f"(Ctrl-C leaves it running)\n  clusterddp ls | status {run_id} | logs {run_id} [-f] | stop {run_id}",
+          file=sys.stderr)
+    return 0
 
 
 def _records_itself(job: JobSpec, options: RunOptions) -> bool:
@@ -479,14 +526,14 @@ def _with_run_id(job: JobSpec, options: RunOptions) -> RunOptions:
 
 
 def _tracked(target: str, job: JobSpec, options: RunOptions, start: Callable[[], int],
-             hosts: list[str] | None = None) -> int:
+             hosts: list[str] | None = None, console: str | None = None) -> int:
     """``start()`` recorded in the run registry: once when it starts, once when it ends
     (whatever ends it: its exit code, a stop signal, a refusal)."""
     from clusterddp.registry import track
 
     run_id = str(options.run_id)
     record = track.begin(target, run_id, job.name, os.path.join(job.logs.dir, run_id),
-                         job_file=job.source, hosts=hosts)
+                         job_file=job.source, hosts=hosts, console=console or "", detached=console is not None)
     code = 1
     try:
         code = start()
@@ -505,13 +552,15 @@ def _tracked(target: str, job: JobSpec, options: RunOptions, start: Callable[[],
 
 
 def _goodput(run_dir: str) -> float | None:
-    """``clusterddp report``'s goodput of a run, None without events."""
+    """``clusterddp report``'s goodput of a run; None without events or steps."""
     from clusterddp.diagnose.goodput import analyse
 
     try:
-        return analyse(run_dir)[0].goodput
+        result, events = analyse(run_dir)
     except (ClusterDDPError, OSError, ValueError, KeyError, TypeError):
         return None
+    # Without a step record (a script that reports no steps) there is no training time to count.
+    return result.goodput if any(event["kind"] == "first_step" for event in events) else None
 
 
 def _env(args: argparse.Namespace) -> int:

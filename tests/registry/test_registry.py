@@ -142,3 +142,16 @@ def test_a_bad_record_is_skipped_with_one_line(tmp_path: Path, raw: bytes, why: 
     assert [r.run_id for r in found] == ["good"]
     assert len(problems) == 1 and why in problems[0] and "x.json" in problems[0]
     json.dumps(problems)
+
+
+def test_a_run_with_steps_records_its_goodput(tmp_path: Path) -> None:
+    """clusterddp.train.fit reports steps: the record keeps ``clusterddp report``'s goodput (a
+    script without step records has none: it shows '-', not 0%)."""
+    home = tmp_path / "home"
+    job = write_job(tmp_path, name="fit", script="fit_steps.py", args=["0.01", "1", "-1", str(tmp_path / "out")])
+    result = clusterddp("run", str(job), home=home, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    [record] = records(home)
+    assert record["goodput"] is not None and 0 < record["goodput"] <= 1, record
+    assert clusterddp("run", str(write_job(tmp_path, name="plain")), home=home, cwd=tmp_path).returncode == 0
+    assert [r["goodput"] for r in records(home) if r["job"] == "plain"] == [None]
