@@ -148,7 +148,8 @@ def test_a_run_with_steps_records_its_goodput(tmp_path: Path) -> None:
     """clusterddp.train.fit reports steps: the record keeps ``clusterddp report``'s goodput (a
     script without step records has none: it shows '-', not 0%)."""
     home = tmp_path / "home"
-    job = write_job(tmp_path, name="fit", script="fit_steps.py", args=["0.05", "2"], env={"CKPT_DIR": str(tmp_path / "ckpt")})
+    job = write_job(tmp_path, name="fit", script="fit_steps.py", args=["0.05", "2"],
+                    env={"CKPT_DIR": str(tmp_path / "ckpt")})
     result = clusterddp("run", str(job), home=home, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     [record] = records(home)
