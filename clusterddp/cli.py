@@ -60,19 +60,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(argv: list[str]) -> int:
     command, extra = _split_command(argv)
     parser = build_parser()
+    if len(argv) >= 2 and argv[0] in RUN_ACTIONS and argv[1] not in SCHEDULERS and argv[1] not in ("-h", "--help"):
+        return _by_run_id(argv[0], argv[1:])  # `clusterddp stop RUN`: any target, by its run id
     if len(argv) >= 1 and argv[0] in SCHEDULER_ACTIONS:
         # `clusterddp submit slurm JOB ...`: the scheduler's own flags follow its name.
         args, _ = parser.parse_known_args(argv[:2])
         from clusterddp.schedulers import get_scheduler
 
         options = scheduler_options(args.command, args.scheduler, argv[2:])
-        return int(get_scheduler(args.scheduler).main(options))
+        scheduler = get_scheduler(args.scheduler)
+        code = int(scheduler.main(options))
+        if scheduler.submitted is not None:
+            _record_submit(scheduler, options)
+        return code
     args = parser.parse_args(command)
     if args.command is None:
         parser.print_help()
         return 2
     args = _typed(args, os.environ)
     args.script_command = extra
+    args.argv = argv
     if args.command == "run":
         return _run(args)
     if args.command == "env":
@@ -85,6 +92,12 @@ def _dispatch(argv: list[str]) -> int:
         from clusterddp.diagnose.goodput import ReportOptions, report_main
 
         return report_main(options_from(ReportOptions, args))
+    if args.command == "attach":
+        from clusterddp.registry import detach, store
+
+        return detach.attach(store.find(args.run))
+    if args.command == "ls":
+        return _ls(args.json, args.refresh)
     if args.command == "pack":
         return _pack(args.output)
     if args.command == "doctor":
@@ -93,6 +106,84 @@ def _dispatch(argv: list[str]) -> int:
         return doctor_main(args.job, options_from(DoctorOptions, args))
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+#: The actions that also take a run id from the registry instead of a scheduler's name.
+RUN_ACTIONS = ("status", "stop", "logs")
+
+
+def _ls(as_json: bool, refresh: bool) -> int:
+    """``clusterddp ls``: every record, checked where cheap; each scheduler asked once for all
+    its runs still going (``--refresh``: for all its runs)."""
+    from clusterddp.registry import store, view
+
+    records, problems = store.load_all()
+    for problem in problems:
+        print(f"clusterddp: warning: {validate.clip(problem, 300)}", file=sys.stderr)
+    rows = [view.live(record, _goodput) for record in records]
+    for name in SCHEDULERS:  # one question per platform, for all its runs at once
+        asked = [row.record for row in rows if row.record.target == name and (refresh or row.state not in store.FINAL)]
+        if asked:
+            from clusterddp.schedulers import get_scheduler
+
+            view.merge(rows, get_scheduler(name).refresh(asked, os.environ))
+    now = store.now()
+    sys.stdout.write(view.as_json(rows, now, problems) if as_json else view.table(rows, now))
+    return 0
+
+
+def _by_run_id(action: str, argv: list[str]) -> int:
+    """``clusterddp status|stop|logs RUN``: the run's record says where it runs; a local or
+    SSH run is handled here (clusterddp.registry.local), a submitted one by its scheduler's
+    own action with the options ``submit`` recorded."""
+    from clusterddp.registry import local, store, view
+
+    parser = _Parser(prog=f"clusterddp {action}", add_help=False)
+    parser.add_argument("run")
+    if action == "logs":
+        parser.add_argument("-f", "--follow", action="store_true")
+        parser.add_argument("--rank", type=_rank)
+    args = parser.parse_args(argv)
+    record = store.find(args.run)
+    follow, rank = getattr(args, "follow", False), getattr(args, "rank", None)
+    if record.target in ("local", "ssh"):
+        if action == "stop":
+            return local.stop(record)
+        if action == "logs":
+            return local.logs(record, follow, rank)
+        for line in view.status_lines(view.live(record, _goodput), store.now()):
+            print(line)
+        return 0
+    from clusterddp.schedulers import get_scheduler
+
+    scheduler = get_scheduler(record.target)
+    scheduler.check_action(action)
+    values = dict(record.scheduler_options)
+    values[str(values.pop("id_field", "job_id"))] = record.job_id
+    takes = {flag.dest for flag in scheduler.flags_for(action)}
+    values.update({key: value for key, value in (("follow", follow), ("rank", rank)) if key in takes})
+    return int(scheduler.main(scheduler.options(action, {k: v for k, v in values.items() if k in takes})))
+
+
+def _rank(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 7:
+        raise ValueError(raw)
+    return int(raw)
+
+
+def _record_submit(scheduler: Scheduler[Any], options: Any) -> None:
+    """A submitted job goes into the run registry as ``<scheduler>-<its id>``, pending."""
+    from clusterddp.registry import track
+    from clusterddp.spec import load_job
+
+    submitted = scheduler.submitted
+    if submitted is None:
+        return
+    job = load_job(str(options.job))
+    track.begin(scheduler.name, validate.as_token(f"{scheduler.name}-{submitted.job_id}"), job.name,
+                submitted.run_dir, job_file=str(options.job), hosts=[], job_id=submitted.job_id,
+                where=submitted.where, state="pending", launcher=False, console=submitted.console,
+                scheduler_options={**submitted.options, "id_field": submitted.id_field})
 
 
 def _pack(output: str | None) -> int:
@@ -251,6 +342,17 @@ def _add_tool_commands(sub: Any) -> None:
     report.add_argument("target", nargs="?", help="run id or log directory (default: the newest run)")
     report.add_argument("--log-dir", default="logs")
     report.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    attach = sub.add_parser("attach", help="a detached run's console from its first line, followed to its end",
+                            description="Print the console of a run started with --detach from its first line, "
+                                        "follow it to the run's end and exit with the run's exit code; Ctrl-C "
+                                        "stops following and leaves the run going (docs/runs.md).")
+    attach.add_argument("run", help="run id, or the start of one (clusterddp ls)")
+    ls = sub.add_parser("ls", help="the runs this machine started, on every target, and how they are doing",
+                        description="Every run recorded under $CLUSTERDDP_HOME (see docs/runs.md): id, target, "
+                                    "where, state, attempts, start, duration, exit code and root cause, goodput.")
+    ls.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    ls.add_argument("--refresh", action="store_true",
+                    help="ask every platform again, for finished runs too (one call per target)")
     pack = sub.add_parser("pack", help="write the launcher as one file (a zipapp) that any python3 runs")
     pack.add_argument("-o", "--output", help="the file to write (default clusterddp-VERSION.pyz)")
 
@@ -270,7 +372,8 @@ def _add_scheduler_commands(sub: Any) -> None:
     names = list(SCHEDULERS)
     for action in SCHEDULER_ACTIONS:
         what = "follow the job's logs" if action == "logs" else f"{action} the job"
-        p = sub.add_parser(action, help=f"{what} on a scheduler ({', '.join(names)})", add_help=False)
+        by_run = " (or of any run by its id: RUN from 'clusterddp ls')" if action in RUN_ACTIONS else ""
+        p = sub.add_parser(action, help=f"{what} on a scheduler ({', '.join(names)}){by_run}", add_help=False)
         p.add_argument("scheduler", help=" or ".join(names))
 
 
@@ -349,15 +452,115 @@ def _run(args: argparse.Namespace) -> int:
     """``clusterddp run``: the job fanned out over SSH, or run on this node; the launcher's exit code."""
     from clusterddp.launch.options import wants_fanout
 
+    from clusterddp.registry.detach import DETACHED_ENV
+
     job = _load(args)
     options = run_options(args)
+    console = os.environ.pop(DETACHED_ENV, None)  # this is the detached launcher: never detach again
+    if job.detach and console is None and not options.dry_run:
+        return _detach(job, options, args.argv)
     if wants_fanout(job, options):
         from clusterddp.launch.ssh.fanout import fanout_options, run_fanout
 
-        return run_fanout(job, fanout_options(options))
+        if options.dry_run:
+            return run_fanout(job, fanout_options(options))
+        options = _with_run_id(job, options)
+        return _tracked("ssh", job, options, lambda: run_fanout(job, fanout_options(options)), hosts=[])
     from clusterddp.launch.local import run_local
 
-    return run_local(job, options, dict(os.environ))
+    if not _records_itself(job, options):  # a node of a bigger run: whoever started it records it
+        return run_local(job, options, dict(os.environ))
+    options = _with_run_id(job, options)
+    return _tracked("local", job, options, lambda: run_local(job, options, dict(os.environ)), console=console)
+
+
+def _detach(job: JobSpec, options: RunOptions, argv: list[str]) -> int:
+    """``run --detach``: the same run started again in its own session (clusterddp.registry.detach);
+    back once every rank runs, or with the launcher's own refusal when it ended first."""
+    from clusterddp.launch.options import wants_fanout
+    from clusterddp.registry import detach
+
+    if wants_fanout(job, options):
+        raise ClusterDDPError(f"{job.where('detach')}: an SSH run cannot detach yet (local runs only)",
+                              "leave out --detach (or detach: true) for a hostfile run")
+    if not _records_itself(job, options):
+        raise ClusterDDPError(f"{job.where('detach')}: only a run this machine starts alone can detach, "
+                              "not a node placed by flags or a scheduler")
+    options = _with_run_id(job, options)
+    run_id = str(options.run_id)
+    name = {row.dest: row.name for row in flags.RUN_FLAGS}  # the flags as their rows spell them
+    own, script = (argv[1:], []) if "--" not in argv else (argv[1:argv.index("--")], argv[argv.index("--"):])
+    child = [sys.executable, "-m", "clusterddp", "run", *[a for a in own if a != name["detach"]],
+             name["run_id"], run_id, *script]
+    run_dir = os.path.abspath(os.path.join(job.logs.dir, run_id))
+    proc, console = detach.start(child, run_dir, os.environ)
+    if not detach.wait_running(proc, run_id, run_dir):
+        with open(console, "rb") as f:  # its own refusal, as 'run' would have printed it
+            sys.stderr.write(f.read(1 << 16).decode("utf-8", "replace"))
+        return proc.returncode
+    print(run_id)
+    print(f"clusterddp: run {run_id} detached (launcher pid {proc.pid}), every rank running; its console: "
+          f"{console}\n  clusterddp attach {run_id}    # its console from the first line, then follow "
+          f"(Ctrl-C leaves it running)\n  clusterddp ls | status {run_id} | logs {run_id} [-f] | stop {run_id}",
+          file=sys.stderr)
+    return 0
+
+
+def _records_itself(job: JobSpec, options: RunOptions) -> bool:
+    """A run typed here on this one machine (not a dry run, not a node the SSH head, the
+    sbatch script or a flag placed, not under a scheduler): it goes into the run registry."""
+    if options.dry_run or options.watch_stdin or options.record_dir is not None or options.overrides(job).any_given:
+        return False
+    from clusterddp.envs import detect
+
+    return detect(dict(os.environ), options.overrides(job)).name == "local"
+
+
+def _with_run_id(job: JobSpec, options: RunOptions) -> RunOptions:
+    """The run id fixed here, before the launch, so the record names the run's directory."""
+    from dataclasses import replace
+
+    from clusterddp.topology import default_run_id
+
+    return replace(options, run_id=options.run_id or default_run_id(job.name))
+
+
+def _tracked(target: str, job: JobSpec, options: RunOptions, start: Callable[[], int],
+             hosts: list[str] | None = None, console: str | None = None) -> int:
+    """``start()`` recorded in the run registry: once when it starts, once when it ends
+    (whatever ends it: its exit code, a stop signal, a refusal)."""
+    from clusterddp.registry import track
+
+    run_id = str(options.run_id)
+    record = track.begin(target, run_id, job.name, os.path.join(job.logs.dir, run_id),
+                         job_file=job.source, hosts=hosts, console=console or "", detached=console is not None)
+    code = 1
+    try:
+        code = start()
+        return code
+    except earlystop.StoppedEarly as exc:
+        code = 128 + exc.signum
+        raise
+    except ClusterDDPError as exc:
+        code = exc.exit_code
+        raise
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+        raise
+    finally:
+        track.end(record, code, _goodput(record.run_dir) if record is not None else None)
+
+
+def _goodput(run_dir: str) -> float | None:
+    """``clusterddp report``'s goodput of a run; None without events or steps."""
+    from clusterddp.diagnose.goodput import analyse
+
+    try:
+        result, events = analyse(run_dir)
+    except (ClusterDDPError, OSError, ValueError, KeyError, TypeError):
+        return None
+    # Without a step record (a script that reports no steps) there is no training time to count.
+    return result.goodput if any(event["kind"] == "first_step" for event in events) else None
 
 
 def _env(args: argparse.Namespace) -> int:

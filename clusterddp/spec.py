@@ -138,6 +138,10 @@ class JobSpec:
     #: thread or CUDA (then every worker starts cold, with one line saying why).
     preload: tuple[str, ...] = field(default=(), metadata=check_each(module_problem))
     logs: LogsSpec = field(default_factory=LogsSpec)
+    #: ``clusterddp run`` returns once every rank runs; the launcher goes on in its own
+    #: session, its console in ``logs/<run-id>/console.log`` (``clusterddp attach``,
+    #: docs/runs.md). Local runs only, for now.
+    detach: bool = False
     ssh: SSHSpec = field(default_factory=SSHSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     openpai: OpenPAISpec = field(default_factory=OpenPAISpec)

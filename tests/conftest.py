@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,10 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "tests" / "bin"
 
 
+#: The run registry of the suite's own runs (tests of the registry use their own).
+TEST_HOME = os.path.join(tempfile.gettempdir(), f"clusterddp-tests-home-{os.getuid()}")
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment the launcher runs with in tests: no inherited placement variables, one
     console line per rank's line (``CLUSTERDDP_NO_MERGE=0`` merges)."""
@@ -29,6 +34,8 @@ def cli_env(**extra: str) -> dict[str, str]:
     env["NO_COLOR"] = "1"
     # Tests count each rank's console lines; merging them has its own tests (test_console_merge).
     env["CLUSTERDDP_NO_MERGE"] = "1"
+    # Runs record themselves (clusterddp/registry): the suite's go here, not into the user's registry.
+    env["CLUSTERDDP_HOME"] = TEST_HOME
     env.update(extra)
     return env
 

@@ -15,10 +15,11 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, Sequence, TypeVar
 
 from clusterddp.atomicfile import output_path
 from clusterddp.errors import ClusterDDPError
+from clusterddp.registry.store import RunRecord
 from clusterddp.schedulers.common import ACTIONS, write_output
 from clusterddp.spec import JobSpec, load_job
 from clusterddp.validate import positive_seconds_problem
@@ -79,6 +80,25 @@ class RenderedRequest:
         return self.text
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """What a ``submit`` left on the platform, for the run registry (``clusterddp ls``,
+    ``status``/``stop``/``logs`` by run id): the id the platform gave, and the options its
+    other actions need again (never a secret: a token *file*'s name at most)."""
+
+    #: The platform's id: SLURM's job id, OpenPAI's ``user~job``, the object kubectl created.
+    job_id: str
+    #: The scheduler's options field that takes the id in ``status``/``stop``/``logs``.
+    id_field: str
+    #: The launchers' run directory (``<logs.dir>/<their run id>``), where it is known.
+    run_dir: str = ""
+    #: Where it went, in words (``namespace ml, context prod``; an OpenPAI URL).
+    where: str = ""
+    #: The console the platform writes (SLURM's batch log), where it is known.
+    console: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
 class Options(Protocol):
     """What every scheduler's options dataclass has: the action, and the job file if any."""
 
@@ -116,6 +136,9 @@ class Scheduler(ABC, Generic[O]):
                 raise TypeError(f"{cls.__name__}: unknown action {action!r} (known: {', '.join(ACTIONS)})")
             if action in ("submit", "status", "stop", "logs") and getattr(cls, action) is getattr(Scheduler, action):
                 raise TypeError(f"{cls.__name__} lists {action!r} but does not implement it")
+
+    #: Set by ``submit`` when it submitted (not on a dry run): what the registry records.
+    submitted: Submitted | None = None
 
     def check_action(self, action: str) -> None:
         """Refuse an action this scheduler does not have, before any flag is read."""
@@ -155,6 +178,12 @@ class Scheduler(ABC, Generic[O]):
 
     def logs(self, options: O, env: Mapping[str, str]) -> int:
         raise self._missing("logs")
+
+    def refresh(self, records: Sequence[RunRecord], env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """What the platform says now of these runs it took (``clusterddp ls``): run id ->
+        changed record fields, from one question for all of them. None here: the records
+        stay as ``submit`` left them (``clusterddp status RUN`` asks the platform)."""
+        return {}
 
     def main(self, options: O, env: Mapping[str, str] | None = None) -> int:
         """Run ``options.action``: the one path every scheduler's actions take from the CLI."""

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 from clusterddp import __version__, pack, protocol
 from clusterddp.errors import JobSpecError, SubmitError
@@ -27,14 +27,18 @@ from clusterddp.exitcodes import MAX_BACKOFF, NONFINITE_LOSS, PREEMPTED
 from clusterddp.sections.slurm import SIGNAL, signal_name, signals_batch_shell
 from clusterddp.spec import JobSpec
 from clusterddp.redact import passthrough_env, scrub
+from clusterddp.registry.store import RunRecord
 from clusterddp.schedulers.common import write_output
 from clusterddp.schedulers import quoting as q
-from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, Submitted
 from clusterddp.schedulers.slurm_container import container_step, launcher_path
 from clusterddp.templates import load_template
 from clusterddp.validate import MAX_COUNT, shown
 
 TEMPLATE = "slurm.sbatch"
+#: The batch shell's own record of how the job ended ("STATUS LAST_ATTEMPT"), in
+#: ``<logs.dir>/<job id>/launchers/``: read by ``clusterddp ls`` once the job has left squeue.
+OUTCOME_FILE = "outcome"
 
 
 def render_sbatch(job: JobSpec, job_path: str, *, python: str | None = None, workdir: str | None = None) -> str:
@@ -103,6 +107,7 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         "exit_name": protocol.record_name("$i", protocol.RECORD_EXIT),
         "failure_name": protocol.record_name("$i", protocol.RECORD_FAILURE),
         "attempt_name": protocol.record_name("$i", protocol.RECORD_ATTEMPT),
+        "outcome_name": OUTCOME_FILE,
     }
     try:
         return string.Template(load_template(TEMPLATE)).substitute(values)
@@ -225,13 +230,25 @@ def _traps(signal_spec: str | None, where: str = "<job>") -> str:
     return f"trap 'forward_signal {name}' {name}\n"
 
 
+def rank_number(raw: str) -> int:
+    """``--rank R``: a rank, 0 .. MAX_COUNT (argparse names the flag in its refusal)."""
+    if not raw.isdigit() or int(raw) > MAX_COUNT:
+        raise ValueError(raw)
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """``clusterddp render|submit slurm`` as the CLI parsed it."""
 
     action: str
     #: The job file; every node's launcher reads it (a shared file system is assumed).
-    job: str
+    job: str | None = None
+    #: ``status``/``stop``/``logs``: the id ``submit`` printed.
+    job_id: str | None = None
+    #: ``logs``: follow until the job ends; one rank's own log instead of the batch log.
+    follow: bool = False
+    rank: int | None = None
     #: Interpreter on the compute nodes (default: the job's python, else this one).
     python: str | None = None
     #: ``render``: write the script here instead of printing it.
@@ -244,14 +261,20 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
     """``render`` prints or writes the sbatch script; ``submit`` also runs ``sbatch --parsable``."""
 
     name = "slurm"
-    actions = ("render", "submit")
+    actions = ("render", "submit", "status", "stop", "logs")
     options_type = SlurmOptions
     descriptions = {
         "render": "Render the job file as an sbatch script.",
         "submit": "Render the job file as an sbatch script and submit it with sbatch.",
+        "status": "The state of a job 'submit' started (also after it has left squeue).",
+        "stop": "scancel a job 'submit' started: SIGTERM to every step, SIGKILL after SLURM's KillWait.",
+        "logs": "Print (or follow) the batch log of a job 'submit' started, or one rank's log.",
     }
     flags = (
-        Flag("job", help="job file (jobs/*.yaml)"),
+        Flag("job", help="job file (jobs/*.yaml)", actions=("render", "submit")),
+        Flag("job_id", metavar="JOBID", help="the job id 'submit' printed", actions=("status", "stop", "logs")),
+        Flag("follow", ("-f", "--follow"), switch=True, help="follow the log until the job ends", actions=("logs",)),
+        Flag("rank", ("--rank",), convert=rank_number, metavar="R", help="this rank's own log", actions=("logs",)),
         Flag("python", ("--python",),
              help="interpreter on the compute nodes (default: the job's python, else this one)"),
         Flag("output", ("-o", "--output"), help="write the script here instead of printing it", actions=("render",)),
@@ -261,8 +284,29 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
 
     def render(self, job: JobSpec, options: SlurmOptions) -> RenderedRequest:
         """The script with the job's absolute path: every node's launcher reads that file."""
-        script = render_sbatch(job, os.path.abspath(options.job), python=options.python, workdir=os.getcwd())
+        script = render_sbatch(job, os.path.abspath(str(options.job)), python=options.python, workdir=os.getcwd())
         return RenderedRequest(script, "sbatch --parsable SCRIPT (written under logs.dir first)", job)
+
+    def status(self, options: SlurmOptions, env: Mapping[str, str]) -> int:
+        from clusterddp.schedulers import slurm_runs
+
+        return slurm_runs.status(str(options.job_id), env)
+
+    def stop(self, options: SlurmOptions, env: Mapping[str, str]) -> int:
+        from clusterddp.schedulers import slurm_runs
+
+        return slurm_runs.stop(str(options.job_id), env)
+
+    def refresh(self, records: Sequence[RunRecord], env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """One squeue for every run, then sacct or each job's own record (slurm_runs)."""
+        from clusterddp.schedulers import slurm_runs
+
+        return slurm_runs.refresh(records, env)
+
+    def logs(self, options: SlurmOptions, env: Mapping[str, str]) -> int:
+        from clusterddp.schedulers import slurm_runs
+
+        return slurm_runs.logs(str(options.job_id), env, options.follow, options.rank)
 
     def wrote(self, request: RenderedRequest, path: str) -> None:
         job = request.job
@@ -272,10 +316,15 @@ class SlurmScheduler(Scheduler[SlurmOptions]):
     def submit(self, request: RenderedRequest, options: SlurmOptions, env: Mapping[str, str]) -> int:
         """Check the secrets named by env_passthrough are set here, then hand the script to sbatch."""
         job = request.job
-        passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(options.job), job.env, job.line_of)
+        passthrough_env(job.env_passthrough, env, job.source or os.path.abspath(str(options.job)), job.env, job.line_of)
         if job.container.enabled and not options.dry_run:
             _ensure_launcher(job)
-        return _submit(job, request.text, dry_run=options.dry_run, env=env)
+        job_id = _submit(job, request.text, dry_run=options.dry_run, env=env)
+        if job_id is not None:
+            self.submitted = Submitted(job_id, "job_id", run_dir=os.path.abspath(os.path.join(job.logs.dir, job_id)),
+                                       console=os.path.abspath(batch_log(job, job_id)),
+                                       options={"python": options.python} if options.python else {})
+        return 0
 
 
 def _ensure_launcher(job: JobSpec) -> None:
@@ -301,15 +350,21 @@ def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in KEPT_SLURM_VARS or not k.startswith(SCRUBBED_PREFIXES)}
 
 
-def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) -> int:
-    """Write the script into the log dir (it documents the run), then ``sbatch --parsable`` it."""
+def batch_log(job: JobSpec, job_id: str) -> str:
+    """The batch shell's log (``#SBATCH --output``) of job ``job_id``."""
+    return default_output(job).replace("%x", job.name).replace("%j", job_id)
+
+
+def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) -> str | None:
+    """Write the script into the log dir (it documents the run), then ``sbatch --parsable`` it;
+    the job id (None on a dry run)."""
     log_dir = Path(job.logs.dir)
     path = log_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
     command = ["sbatch", "--parsable", str(path)]
     if dry_run:
         sys.stdout.write(script)
         print(f"# dry run: would write {path} and run: {shlex.join(command)}")
-        return 0
+        return None
     clean = sbatch_env(env)
     if shutil.which("sbatch", path=clean.get("PATH")) is None:
         raise SubmitError("sbatch is not on PATH", "run this on a SLURM login node, or use 'render' and copy the script")
@@ -324,8 +379,8 @@ def _submit(job: JobSpec, script: str, dry_run: bool, env: Mapping[str, str]) ->
         sys.stderr.write(scrub(result.stderr))
         raise SubmitError(f"sbatch failed with exit code {result.returncode} (script kept at {path})")
     job_id = result.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
-    output = default_output(job).replace("%x", job.name).replace("%j", job_id)
+    output = batch_log(job, job_id)
     print(job_id)
     print(f"clusterddp: submitted job {job_id}; script {path}; batch log {output}; "
           f"worker logs under {job.logs.dir}/{job_id}/", file=sys.stderr)
-    return 0
+    return job_id

@@ -9,7 +9,7 @@ Units sit in layers, top to bottom::
     __main__                                    python -m clusterddp
     cli                                         argparse; wires the commands together
     launch  schedulers  diagnose                the commands; no unit here imports another
-    topology  envs  spec  specload  sections  hostfile         the job and its placement
+    topology  envs  spec  specload  sections  hostfile  registry   the job, its placement, the run registry
     errors exitcodes devices hostlist protocol validate redact affinity templates
     stackreport hang netperf atomicfile clusterddp progress events    leaf modules
 
@@ -61,7 +61,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"__main__", "entry"}),
     frozenset({"cli"}),
     frozenset({"launch", "schedulers", "diagnose"}),
-    frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile"}),
+    frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile", "registry"}),
     frozenset({"errors", "exitcodes", "devices", "hostlist", "protocol", "validate", "redact", "affinity",
                "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp", "pack",
                "progress", "events", "straggler", "procid", "earlystop", "sigstart"}),

@@ -152,11 +152,12 @@ def test_submit_shows_sbatch_errors(tmp_path: Path) -> None:
     assert "sbatch failed with exit code 1" in result.stderr
 
 
-def test_unknown_action_is_refused() -> None:
-    """Only render and submit exist for slurm: any other action is a usage error (exit 2)."""
-    with pytest.raises(ClusterDDPError, match="slurm supports render, submit, not 'status'") as info:
-        SlurmScheduler().main(SlurmOptions("status", job="x.yaml"))
-    assert info.value.exit_code == 2
+def test_a_job_id_that_is_no_job_id_is_refused() -> None:
+    """status/stop/logs (issue 33) take the job id 'submit' printed: anything else is one line, exit 2."""
+    for action in ("status", "stop", "logs"):
+        with pytest.raises(ClusterDDPError, match=r"slurm: job id '\.\./x': expected digits") as info:
+            SlurmScheduler().main(SlurmOptions(action, job_id="../x"))
+        assert info.value.exit_code == 2
 
 
 # --- in-allocation restarts: the rendered script run by bash with stub SLURM commands -------

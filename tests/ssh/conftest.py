@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from tests.conftest import TEST_HOME
 from tests.testbed import SSHLab, lab_unavailable_reason, ssh_lab
 from tests.testbed.patience import patient
 
@@ -90,6 +91,7 @@ class Head:
     def __init__(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         full_env = {**os.environ, **(env or {})}
         full_env.pop("CLUSTERDDP_HOSTFILE", None)
+        full_env.setdefault("CLUSTERDDP_HOME", TEST_HOME)  # the head records its run (clusterddp/registry)
         self.proc = subprocess.Popen([sys.executable, "-m", "clusterddp", "run", *argv], cwd=cwd, env=full_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         self.stdout: list[str] = []

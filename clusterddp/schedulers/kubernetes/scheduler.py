@@ -25,7 +25,7 @@ from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.redact import register_present, scrub
-from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, Submitted
 from clusterddp.schedulers.kubernetes.follow import Follow, PodState, finished
 from clusterddp.schedulers.kubernetes.launcher import configmap_name
 from clusterddp.schedulers.kubernetes.render import render_documents
@@ -194,6 +194,11 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
         register_present(request.job.env_passthrough, env)  # kubectl may echo one; the CLI masks errors
         created = scrub(create(request, options, env))
         print(created)
+        namespace = options.namespace or request.job.kubernetes.namespace
+        self.submitted = Submitted(created, "name", where=" ".join(
+            f"{key} {value}" for key, value in (("namespace", namespace), ("context", options.context)) if value),
+            options={key: value for key, value in (("context", options.context), ("namespace", namespace),
+                                                   ("flavor", options.flavor)) if value})
         print(f"clusterddp: created; follow it with: {follow_up('logs', created, options, request.job)}",
               file=sys.stderr)
         return 0

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from clusterddp.errors import SubmitError
 from clusterddp.redact import scrub
-from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, seconds
+from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, Submitted, seconds
 from clusterddp.schedulers.openpai.render import render_openpai
 from clusterddp.schedulers.openpai.rest import (
     TOKEN_ENV,
@@ -100,7 +100,13 @@ class OpenPAIScheduler(Scheduler[OpenPAIOptions]):
         if request.job.env_passthrough:
             print(f"clusterddp: warning: env_passthrough ({', '.join(request.job.env_passthrough)}) is not sent "
                   "to OpenPAI: the container must provide these variables itself", file=sys.stderr)
-        return _submit(request.text, options, env)
+        job_id = _submit(request.text, options, env)
+        if job_id is not None:
+            url = environment_url(options.url, env) or ""
+            self.submitted = Submitted(job_id, "job_id", where=url, options={
+                key: value for key, value in (("url", url), ("token_file", options.token_file),
+                                              ("timeout", options.timeout)) if value})
+        return 0
 
     def status(self, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
         return _status(_client(options, env), str(options.job_id), options.json)
@@ -112,19 +118,19 @@ class OpenPAIScheduler(Scheduler[OpenPAIOptions]):
         return 0
 
 
-def _submit(spec: str, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
+def _submit(spec: str, options: OpenPAIOptions, env: Mapping[str, str]) -> str | None:
     url = environment_url(options.url, env)
     if options.dry_run:
         endpoint = base_url(url) + "/api/v2/jobs" if url else "<url>/rest-server/api/v2/jobs"
         print(f"# dry run: would POST this to {endpoint} as text/yaml, "
               f"with Authorization: Bearer <token from {'--token-file' if options.token_file else TOKEN_ENV}>")
         sys.stdout.write(scrub(spec))
-        return 0
+        return None
     job_id = _client(options, env).submit(spec)
     print(job_id)
     print(f"clusterddp: submitted; follow it with: clusterddp status openpai {job_id} --url {url}",
           file=sys.stderr)
-    return 0
+    return job_id
 
 
 def _client(options: OpenPAIOptions, env: Mapping[str, str]) -> OpenPAIClient:
