@@ -8,7 +8,7 @@ models and, round after round, trains one epoch with the seed-style loop and one
 machine's load hits both alike). Rank 0 prints the median per-step time of each and the
 overhead of the helpers in percent. The helpers' extra work per step: one agreed
 all-reduce of (loss, preemption flag), overlapped with backward, in place of the seeds'
-loss all-reduce after it; the progress record (each step timed, the record rewritten
+loss all-reduce after it; the progress file (each step timed, the record rewritten
 once a second into a per-rank heartbeat file, as under the launcher); the autocast context. Target: at most 3 %.
 """
 

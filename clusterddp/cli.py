@@ -509,7 +509,7 @@ def _detach(job: JobSpec, options: RunOptions, argv: list[str]) -> int:
 def _records_itself(job: JobSpec, options: RunOptions) -> bool:
     """A run typed here on this one machine (not a dry run, not a node the SSH head, the
     sbatch script or a flag placed, not under a scheduler): it goes into the run registry."""
-    if options.dry_run or options.watch_stdin or options.record_dir is not None or options.overrides(job).any_given:
+    if options.dry_run or options.watch_stdin or options.marks_dir is not None or options.overrides(job).any_given:
         return False
     from clusterddp.envs import detect
 

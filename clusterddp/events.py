@@ -38,7 +38,7 @@ MAX_FIELD = 240
 KINDS = (
     "run_start",      # the launcher (or head) started: job, ranks, restarts allowed
     "attempt_start",  # an attempt's workers are being started
-    "first_step",     # the attempt's first completed step (from the ranks' progress records)
+    "first_step",     # the attempt's first completed step (from the ranks' progress files)
     "phase",          # a rank entered ("start") or left ("end") a phase: checkpoint, eval, ...
     "hang",           # no progress for too long: stalled_s, why
     "straggler",      # one host's ranks slower than the others

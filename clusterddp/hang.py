@@ -8,7 +8,7 @@ silent, and a rank that has shown no life at all counts from that first sign of 
 silent rank left alone by peers that exited (even silently) is still caught.
 A leaf below the supervisor, which runs the check on every tick.
 
-``hang_timeout: auto`` (``StepBudget``) reads the ranks' progress records instead: before an
+``hang_timeout: auto`` (``StepBudget``) reads the ranks' progress files instead: before an
 attempt's first step ``START_BUDGET`` without any sign of life; once steps flow, no *step* on
 any rank for max(``FLOOR``, ``FACTOR`` x the p99 step time so far); a rank in an announced
 phase (checkpoint, eval, data) gets the phase's budget instead. When that budget runs out,
@@ -117,7 +117,7 @@ _BUCKET = 1.05
 
 
 class StepBudget:
-    """What ``hang_timeout: auto`` allows, learnt from the ranks' progress records.
+    """What ``hang_timeout: auto`` allows, learnt from the ranks' progress files.
 
     A step sample is the time between two consecutive records of a rank in training (each
     record shows its last step's end, ``t``): exactly one step when the record holds one step,
@@ -229,13 +229,13 @@ def stuck(records: Sequence[RankProgress], where: Mapping[int, RankWhere], host:
         lowest = min((r.step if r.step is not None else -1, r.mtime) for r in pool)
         chosen = sorted(r.rank for r in pool if (r.step if r.step is not None else -1) == lowest[0])
     else:
-        return f"no progress record on {host}"
+        return f"no progress file on {host}"
     parts = []
     for rank in chosen[:4]:
         record = by_rank.get(rank)
         on = hosts.get(rank, host)
         if record is None:
-            parts.append(f"rank {rank} on {on} (no progress record)")
+            parts.append(f"rank {rank} on {on} (no progress file)")
             continue
         # Two clocks, each named: how long ago the rank entered its phase ("train" began with
         # the first step, so that is most of the run), and how long it has gone without a step

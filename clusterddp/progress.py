@@ -1,4 +1,4 @@
-"""The launcher's view of every rank's progress record: read it, and judge a group of them.
+"""The launcher's view of every rank's progress file: read it, and judge a group of them.
 
 Each worker's ``clusterddp.train.heartbeat()`` rewrites its heartbeat file with one JSON
 record (format in ``clusterddp/train/liveness.py``); the file's mtime is the hang detector's
@@ -6,7 +6,7 @@ sign of life (``clusterddp.hang``). This leaf reads the content, tolerating ever
 file can be seen in (absent, empty, half-written, an old record's padding, garbage, a
 future version), and offers pure functions over a list of records. Hang detection,
 straggler naming, the restart verdict and the goodput report all read records through
-here, none keeps a private clock (docs/architecture.md, "One progress record feeds every judgement").
+here, none keeps a private clock (docs/architecture.md, "One progress file feeds every judgement").
 """
 
 from __future__ import annotations

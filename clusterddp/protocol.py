@@ -1,18 +1,18 @@
 """Everything the head, the remote launchers, the supervisor and the workers agree on.
 
 Four parties talk without importing each other: the SSH head (``launch/ssh``), the launcher
-it starts on every host (``clusterddp run --watch-stdin --report-json``), the supervisor
+it starts on every host (``clusterddp run --watch-stdin --emit-result``), the supervisor
 (``launch/supervise/supervisor.py``) and every worker's bootstrap (``launch/start/bootstrap.py``). What
 travels between them (line markers and their JSON, a byte on stdin, signals, variable names,
 files in the run's log directory) is spelled here and nowhere else:
 
-- ``CLUSTERDDP_RESULT {json}``, remote launcher's stdout -> head (``--report-json``):
+- ``CLUSTERDDP_RESULT {json}``, remote launcher's stdout -> head (``--emit-result``):
   ``result_line`` / ``parse_result``; with the restart verdict's inputs the head lacks
   (whether any of the host's ranks completed a step), so the head judges as a node does
 - ``CLUSTERDDP_STACKS {json}``, remote launcher's stdout -> head, one per dump:
   ``stacks_line`` / ``parse_stacks``; its stderr block, hidden by the head: ``stacks_block_title``
 - ``CLUSTERDDP_PROGRESS {json}``, remote launcher's stdout -> head, at most every 0.5 s while
-  its ranks' progress records change: ``progress_line`` / ``parse_progress`` (the head names
+  its ranks' progress files change: ``progress_line`` / ``parse_progress`` (the head names
   the slow host from every host's records)
 - ``S`` on stdin, head -> remote launcher, "dump your stacks": ``STACKS_REQUEST_BYTE``
 - ``I``/``T``/``H``/``Q`` on stdin, head -> remote launcher, just before EOF: "the head got
@@ -37,14 +37,14 @@ files in the run's log directory) is spelled here and nowhere else:
   (``write_stacks_report`` / ``stacks_reports``)
 - ``CLUSTERDDP_DOCTOR {json}``, the doctor's worker (rank 0) -> ``clusterddp doctor``:
   ``DOCTOR_MARKER``
-- files in the directory the sbatch script hands each launcher (``--record-dir``):
-  ``node<R>.started`` and ``node<R>.exit`` (``write_record``; the script reads them by the
-  names ``record_name`` gives); between the launchers of one srun step, ``attempt<K>.node<R>.end``
+- files in the directory the sbatch script hands each launcher (``--marks-dir``):
+  ``node<R>.started`` and ``node<R>.exit`` (``write_mark``; the script reads them by the
+  names ``mark_name`` gives); between the launchers of one srun step, ``attempt<K>.node<R>.end``
   and node 0's ``attempt<K>.decision`` (``attempt_end_name``, ``decision_name``)
 - the other files of ``logs/<run-id>/`` that one process writes and another reads: each
   launcher's event log (``events_name``, ``EVENTS_GLOB``; the SSH head's copies,
   ``events_copy_name``), each rank's files (``rank_file_name``: log, error record, stacks,
-  progress record), the launchers' locks (``rank_lock_name``, ``HEAD_LOCK``), the zygote's
+  progress file), the launchers' locks (``rank_lock_name``, ``HEAD_LOCK``), the zygote's
   log (``zygote_log_name``), and the nodes' markers without a head (``peer_marker_name``,
   ``PEERS_SEEN_FILE``)
 - ``BACKEND_ENV``, launcher -> worker: the backend ``clusterddp.train`` initialises
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 RESULT_MARKER = b"CLUSTERDDP_RESULT "
 #: A launcher's answer to a stacks request (or its own hang): host, why, one summary per rank.
 STACKS_MARKER = b"CLUSTERDDP_STACKS "
-#: A launcher's ranks' progress records that changed, for the head's straggler check.
+#: A launcher's ranks' progress files that changed, for the head's straggler check.
 PROGRESS_MARKER = b"CLUSTERDDP_PROGRESS "
 #: The launcher's human-readable stderr block about a dump; the head keeps it out of the
 #: console (its merged report replaces it) and relays it only to the per-host log copy.
@@ -105,17 +105,17 @@ SUPERVISOR_ID_ENV = "CLUSTERDDP_SUPERVISOR_ID"
 LAUNCHER_FILE = "launcher.json"
 #: The doctor's worker prints one line with this marker and its measurements as JSON.
 DOCTOR_MARKER = "CLUSTERDDP_DOCTOR "
-#: ``--record-dir DIR`` (the sbatch script's directory for one attempt): a launcher writes
+#: ``--marks-dir DIR`` (the sbatch script's directory for one attempt): a launcher writes
 #: ``DIR/node<R>.started`` once it knows its node rank R and ``DIR/node<R>.exit`` (its exit
 #: status, digits) when it ends. srun exits 0 when no task launched (a SPANK plugin failing in
 #: the step), so the script reads these instead of trusting srun's status alone.
-RECORD_STARTED = "started"
-RECORD_EXIT = "exit"
+MARK_STARTED = "started"
+MARK_EXIT = "exit"
 #: ``T_MS ATTEMPT restart|stop TEXT``: a node's first failure and its restart verdict
 #: (clusterddp.launch.restart.stepcoord writes it, the sbatch script's ``launchers_failure`` reads it).
-RECORD_FAILURE = "failure"
+MARK_FAILURE = "failure"
 #: The attempt a launcher restarted in place runs now: the script's count goes on from it.
-RECORD_ATTEMPT = "attempt"
+MARK_ATTEMPT = "attempt"
 #: Where ``clusterddp.train`` finds the backend the launcher chose (``gloo``, ``nccl``...).
 BACKEND_ENV = "CLUSTERDDP_BACKEND"
 #: The zipapp's first argument that makes it a worker's bootstrap instead of the CLI
@@ -236,7 +236,7 @@ _ADDRESS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ
 
 class StdinWords:
     """Reads a remote launcher's stdin stream, chunk by chunk, into what the head said: the
-    single bytes (heartbeat newline, stacks request, stop byte) act at once; a word (a letter,
+    single bytes (keepalive newline, stacks request, stop byte) act at once; a word (a letter,
     numbers, a newline) may be split across chunks and acts once whole. A word that does not
     parse, or is longer than ``MAX_WORD``, is dropped: a head of another version must not stop
     a launcher by accident."""
@@ -246,7 +246,7 @@ class StdinWords:
 
     def feed(self, chunk: bytes) -> list[tuple[str, int, RestartWord | None]]:
         """What ``chunk`` says, in order: ``("stop", signum, None)``, ``("stacks", 0, None)``,
-        ``("end", K, None)``, ``("restart", K, RestartWord)``; heartbeats say nothing."""
+        ``("end", K, None)``, ``("restart", K, RestartWord)``; keepalives say nothing."""
         said: list[tuple[str, int, RestartWord | None]] = []
         at = 0
         while at < len(chunk):
@@ -415,11 +415,11 @@ EVENTS_FILE = "events.jsonl"
 EVENTS_GLOB = "events*.jsonl"
 #: The SSH head's lock beside its launchers' rank locks: one head per run id.
 HEAD_LOCK = ".head.lock"
-#: Node 0's acknowledgement, without a head: whose progress records it reads, by their markers.
+#: Node 0's acknowledgement, without a head: whose progress files it reads, by their markers.
 PEERS_SEEN_FILE = "node0.sees"
 #: What each rank leaves in the run directory (``rank_file_name``): its output, torch
 #: elastic's error record (``TORCHELASTIC_ERROR_FILE``), its stack dumps (``STACKS_FILE_ENV``)
-#: and its progress record (``HEARTBEAT_FILE_ENV``; node 0 reads other nodes' by name).
+#: and its progress file (``HEARTBEAT_FILE_ENV``; node 0 reads other nodes' by name).
 RANK_LOG = "log"
 RANK_ERROR = "error.json"
 RANK_STACKS = "stacks"
@@ -458,7 +458,7 @@ def zygote_log_name(node: int | str) -> str:
 
 
 def peer_marker_name(node: int | str) -> str:
-    """``node<K>.here``: node K's marker, without a head, naming its ranks' progress records
+    """``node<K>.here``: node K's marker, without a head, naming its ranks' progress files
     for node 0 (``launch/observe/peers.py``)."""
     return f"node{node}.here"
 
@@ -580,7 +580,7 @@ def stacks_reports(run_dir: str, pid: int) -> set[str]:
 
 # -- files in the batch script's record directory ----------------------------------------------
 
-def record_name(node_rank: int | str, kind: str) -> str:
+def mark_name(node_rank: int | str, kind: str) -> str:
     """``node<R>.<kind>``; the renderer passes the shell's ``$i`` as ``node_rank`` so the sbatch
     script reads exactly the names the launcher writes."""
     return f"node{node_rank}.{kind}"
@@ -597,7 +597,7 @@ def decision_name(attempt: int | str) -> str:
     return f"attempt{attempt}.decision"
 
 
-def write_record(directory: str, node_rank: int, kind: str, text: str) -> None:
+def write_mark(directory: str, node_rank: int, kind: str, text: str) -> None:
     """``directory/node<R>.<kind>``, written whole (clusterddp.atomicfile; raises its
     WriteError): the batch shell on another node never reads half an exit status."""
     from clusterddp.atomicfile import WriteError, write_atomically
@@ -606,4 +606,4 @@ def write_record(directory: str, node_rank: int, kind: str, text: str) -> None:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise WriteError(directory, exc.strerror or type(exc).__name__) from None
-    write_atomically(os.path.join(directory, record_name(node_rank, kind)), text, durable=False)
+    write_atomically(os.path.join(directory, mark_name(node_rank, kind)), text, durable=False)

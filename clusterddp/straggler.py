@@ -2,7 +2,7 @@
 
 In synchronous DDP a slow host (throttled, a noisy neighbour) slows every rank, so the step
 time is the same everywhere and says nothing; what differs is the rank's own work outside
-collectives (``compute_s`` of its progress record, ``clusterddp.progress``): the slow rank
+collectives (``compute_s`` of its progress file, ``clusterddp.progress``): the slow rank
 computes longer, the others wait longer in the all-reduce. So ranks are compared on
 ``compute_s``; only where no rank measures it, on ``step_s``, which differs between ranks
 only when they do not wait for each other (then a slow rank's steps really are longer; in

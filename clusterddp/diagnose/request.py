@@ -55,7 +55,7 @@ def _bad_file_line(run_dir: str, exc: BadLauncherFile) -> str:
 
 
 def find_launcher(target: str | None, log_dir: str) -> LauncherRecord:
-    """The checked launcher record of ``target`` (run id or dir), or of the newest run whose
+    """The checked launcher file of ``target`` (run id or dir), or of the newest run whose
     launcher is provably still running. A broken file found while searching is skipped with
     one line on stderr: one corrupt run must not hide every other."""
     if target:

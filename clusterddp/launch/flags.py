@@ -214,15 +214,15 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("--virtual-local-rank", DEVICES,
          "each worker sees only its own GPU, as device 0, with LOCAL_RANK=0 (as torchrun)",
          job_key="virtual_local_rank", passed_on=True),
-    Flag("--watch-stdin", REMOTE, "stop the workers when stdin closes or its heartbeat stops"),
-    Flag("--heartbeat-timeout", REMOTE, None, checked(number, validate.positive_seconds_problem), default="6.0"),
-    Flag("--report-json", REMOTE, "print a CLUSTERDDP_RESULT line at the end"),
+    Flag("--watch-stdin", REMOTE, "stop the workers when stdin closes or its keepalive stops"),
+    Flag("--keepalive-timeout", REMOTE, None, checked(number, validate.positive_seconds_problem), default="6.0"),
+    Flag("--emit-result", REMOTE, "print a CLUSTERDDP_RESULT line at the end"),
     Flag("--await-restart", REMOTE, "after a failed attempt, report it and wait for the head's word on stdin "
          "(run the next attempt here in place, or end), keeping the warm interpreter (needs --watch-stdin)"),
     Flag("--restart-count", REMOTE, "this start is attempt K of a job restarted as a whole (by the SSH head or "
          "the batch script): no restarts of this node alone", checked(integer, validate.non_negative_problem),
          variable=True, metavar="K"),
-    Flag("--record-dir", REMOTE, "write DIR/node<R>.started once placed and DIR/node<R>.exit at the end (the "
+    Flag("--marks-dir", REMOTE, "write DIR/node<R>.started once placed and DIR/node<R>.exit at the end (the "
          "sbatch script reads them: srun exits 0 even when no task launched)", text(validate.path_problem),
          metavar="DIR"),
     Flag("--workers-per-node", REMOTE, "every node's workers in node-rank order; ranks are their prefix sums",

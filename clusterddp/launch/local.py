@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Mapping
 
 from clusterddp.launch.observe.logs import say
-from clusterddp.launch.observe.record import LaunchRecord, exit_code_of
+from clusterddp.launch.observe.marks import LaunchMarks, exit_code_of
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch.start import plan as planning
 from clusterddp.launch.start import warm
@@ -36,7 +36,7 @@ def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
         sys.stdout.flush()
         os.execvp(node.relaunch[0], node.relaunch)
     # From here on this node runs a launcher: the batch script learns that, and how it ended.
-    record = LaunchRecord(options.record_dir, node.topology.node_rank)
+    record = LaunchMarks(options.marks_dir, node.topology.node_rank)
     record.started()
     try:
         code = _run_placed(node, options, env)
@@ -91,8 +91,8 @@ def supervisor_options(node: NodePlan, options: RunOptions) -> SupervisorOptions
         prefix=job.logs.prefix,
         merge=job.logs.merge,
         watch_stdin=options.watch_stdin,
-        heartbeat_timeout=options.heartbeat_timeout,
-        report_json=options.report_json,
+        keepalive_timeout=options.keepalive_timeout,
+        emit_result=options.emit_result,
         await_restart=options.await_restart,
         hang_timeout=job.hang_timeout,
         run_dir=node.run_dir,
@@ -100,9 +100,9 @@ def supervisor_options(node: NodePlan, options: RunOptions) -> SupervisorOptions
         restarted_outside=topology.restart_count is not None,
         warm_start=node.warm,
         preload=job.preload,
-        # Under the batch script (--record-dir, --restart-count) with restarts left: the
+        # Under the batch script (--marks-dir, --restart-count) with restarts left: the
         # launchers of the srun step restart in place (restart/stepcoord.py).
-        step_dir=options.record_dir if topology.restart_count is not None
+        step_dir=options.marks_dir if topology.restart_count is not None
         and topology.restart_count < job.restarts else None,
         job_restarts=job.restarts,
     )
@@ -121,7 +121,7 @@ def _moved_plans(node: NodePlan, options: RunOptions, moved: Topology, env: Mapp
     return plans
 
 
-#: Seconds a restart attempt waits, beyond the heartbeat timeout and the grace period, for the
+#: Seconds a restart attempt waits, beyond the keepalive timeout and the grace period, for the
 #: previous attempt's launcher on this host to let go of its ranks' logs.
 LOCK_WAIT_SLACK = 5.0
 
@@ -133,8 +133,8 @@ def lock_logs(node: NodePlan, topology: Topology, options: RunOptions,
     it truncates a log another launcher writes.
 
     A restart attempt from outside (``--restart-count`` > 0) may meet the previous attempt's
-    launcher still stopping on this host (its SSH session lost: it stops within the heartbeat
+    launcher still stopping on this host (its SSH session lost: it stops within the keepalive
     timeout and the grace period): it waits for it that long, then is refused too."""
-    wait = options.heartbeat_timeout + node.job.grace_period + LOCK_WAIT_SLACK if topology.restart_count else 0.0
+    wait = options.keepalive_timeout + node.job.grace_period + LOCK_WAIT_SLACK if topology.restart_count else 0.0
     ranks = [plan.rank for plan in node.plans] if ranks is None else ranks
     return runlock.lock_ranks(node.run_dir, ranks, node.job.where("logs.dir"), topology.run_id, wait, say)

@@ -39,8 +39,8 @@ class RunOptions:
     passed_on: Mapping[str, Any] = field(default_factory=dict)
     #: Set by the SSH head on the remote launchers: stop when stdin closes or goes silent.
     watch_stdin: bool = False
-    heartbeat_timeout: float = 6.0
-    report_json: bool = False
+    keepalive_timeout: float = 6.0
+    emit_result: bool = False
     #: Set by the SSH head while the job has restarts left: after a failed attempt this
     #: launcher reports and waits for the head's word (restart in place, or end) on stdin.
     await_restart: bool = False
@@ -50,9 +50,9 @@ class RunOptions:
     restart_count: int | None = None
     #: Every node's worker count (hosts with different slots): ranks are their prefix sums.
     workers_per_node: tuple[int, ...] | None = None
-    #: Set by the sbatch script: the launcher records there that it started and how it ended
-    #: (clusterddp.launch.observe.record), since srun's status alone says 0 when no task launched.
-    record_dir: str | None = None
+    #: Set by the sbatch script: the launcher marks there that it started and how it ended
+    #: (clusterddp.launch.observe.marks), since srun's status alone says 0 when no task launched.
+    marks_dir: str | None = None
 
     def overrides(self, job: JobSpec | None = None) -> Overrides:
         """The placement flags, for the cluster environments."""

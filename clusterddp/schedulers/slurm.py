@@ -102,11 +102,11 @@ def _render_sbatch(job: JobSpec, job_path: str, python: str | None, workdir: str
         "preempted": str(PREEMPTED),
         "nonfinite": str(NONFINITE_LOSS),
         "requeue": "1" if slurm.requeue else "0",
-        "records_root": _records_root(job, where, launcher_cwd),
-        "started_name": protocol.record_name("$i", protocol.RECORD_STARTED),
-        "exit_name": protocol.record_name("$i", protocol.RECORD_EXIT),
-        "failure_name": protocol.record_name("$i", protocol.RECORD_FAILURE),
-        "attempt_name": protocol.record_name("$i", protocol.RECORD_ATTEMPT),
+        "marks_root": _records_root(job, where, launcher_cwd),
+        "started_name": protocol.mark_name("$i", protocol.MARK_STARTED),
+        "exit_name": protocol.mark_name("$i", protocol.MARK_EXIT),
+        "failure_name": protocol.mark_name("$i", protocol.MARK_FAILURE),
+        "attempt_name": protocol.mark_name("$i", protocol.MARK_ATTEMPT),
         "outcome_name": OUTCOME_FILE,
     }
     try:

@@ -22,8 +22,8 @@ USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 #: ``link_timeout`` bounds, in seconds. Linux resends a lost segment after 0.2 s at the
 #: earliest (TCP_RTO_MIN), then 0.4 s after that, and its user timeout counts from the first
 #: resend: from 0.5 s on a lost packet gets two resends before a healthy link counts as lost,
-#: below it one. A host's launcher stops on its own after 6 s without the head's heartbeat
-#: (``--heartbeat-timeout``), so a link silent for longer has lost its host's workers anyway:
+#: below it one. A host's launcher stops on its own after 6 s without the head's keepalive
+#: (``--keepalive-timeout``), so a link silent for longer has lost its host's workers anyway:
 #: a longer timeout only notices later.
 MIN_LINK_TIMEOUT = 0.5
 MAX_LINK_TIMEOUT = 5.0
@@ -62,7 +62,7 @@ def _link_timeout(value: float) -> str | None:
                 "link gets a single resend (Linux resends after 0.2 s at the earliest) before the link counts as lost")
     if value > MAX_LINK_TIMEOUT:
         return (f"must be at most {MAX_LINK_TIMEOUT:g} s, got {value:g}: a host's launcher stops its workers "
-                "after 6 s without the head's heartbeat, so a longer timeout only notices a dead host later")
+                "after 6 s without the head's keepalive, so a longer timeout only notices a dead host later")
     return None
 
 
@@ -90,7 +90,7 @@ class SSHSpec:
     accept_new_host_keys: bool = False
     connect_timeout: float = field(default=10.0, metadata=check(positive_seconds_problem))
     #: Seconds the head's data to a host may go unacknowledged before the host counts as lost
-    #: (each socket's TCP_USER_TIMEOUT; the head's heartbeat keeps data in flight).
+    #: (each socket's TCP_USER_TIMEOUT; the head's keepalive keeps data in flight).
     link_timeout: float = field(default=1.0, metadata=check(_link_timeout))
     #: Head variables forwarded besides the built-in allow-list (names, or prefixes ending in '*').
     env_allow: tuple[str, ...] = field(default=(), metadata=check_each(_env_pattern))

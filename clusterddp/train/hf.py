@@ -4,7 +4,7 @@
     trainer = Trainer(..., callbacks=[ProgressCallback()])
 
 Each optimizer step ends with one ``heartbeat(step, compute_s)`` (``on_step_end``, ``step``
-being ``state.global_step``), the progress record the launcher's hang detection, straggler
+being ``state.global_step``), the progress file the launcher's hang detection, straggler
 naming, restart verdict and report read. Evaluation is the phase ``eval`` (from the step end
 that decided to evaluate, or the first prediction step of a ``trainer.evaluate()`` call, to
 ``on_evaluate``) and a checkpoint save the phase ``checkpoint`` (from the step end, or the

@@ -3,7 +3,7 @@
     from clusterddp.train.lightning import ProgressCallback
     trainer = L.Trainer(..., callbacks=[ProgressCallback()])
 
-Each training batch ends with one ``heartbeat(step, compute_s)`` (the progress record of
+Each training batch ends with one ``heartbeat(step, compute_s)`` (the progress file of
 ``clusterddp.train.liveness``: the launcher's hang detection, straggler naming, the restart
 verdict and the report read it), ``step`` being ``trainer.global_step``; validation is the
 phase ``eval`` and every ``trainer.save_checkpoint`` (``ModelCheckpoint``'s included) the

@@ -1,8 +1,8 @@
-"""The rank's progress record: steps, their time, the rank's own compute, and its phase.
+"""The rank's progress file: steps, their time, the rank's own compute, and its phase.
 
 The launcher sets ``protocol.HEARTBEAT_FILE_ENV`` to a per-worker path. Its mtime is the
 liveness signal the hang detector reads (``clusterddp.hang``); its content is this rank's
-progress record, one small JSON object (``clusterddp.progress`` reads it)::
+progress file, one small JSON object (``clusterddp.progress`` reads it)::
 
     {"v": 1, "step": 120, "t": 1767000000.5, "steps": 7, "step_s": 0.141, "compute_s": 0.093,
      "phase": "train", "phase_t": 1767000000.1}

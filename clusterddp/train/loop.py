@@ -2,7 +2,7 @@
 
 ``train_one_epoch`` is the step loop (AMP, one agreed all-reduce per step for loss, NaN
 and preemption, overlapped with the backward pass and read one step late so the host never
-waits for the GPU, the progress record with the step's own compute, rank-0 bar). ``fit`` adds
+waits for the GPU, the progress file with the step's own compute, rank-0 bar). ``fit`` adds
 the epoch loop around it: resume,
 ``set_epoch``, evaluation, TensorBoard, a checkpoint per epoch, and the preemption exit.
 Scripts with unusual needs can use the pieces directly; the example jobs use ``fit``.

@@ -78,7 +78,7 @@ class _Launcher:
     def __init__(self, job: Path, port: int, nnodes: int = 1, node_rank: int = 0) -> None:
         argv = [sys.executable, "-m", "clusterddp", "run", str(job), "--nnodes", str(nnodes), "--node-rank", str(node_rank),
                 "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", "aw", "--watch-stdin",
-                "--heartbeat-timeout", "60", "--report-json", "--await-restart", "--restart-count", "0"]
+                "--keepalive-timeout", "60", "--emit-result", "--await-restart", "--restart-count", "0"]
         self.proc = subprocess.Popen(argv, env=cli_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.results: list[dict[str, object]] = []

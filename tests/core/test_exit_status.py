@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp.launch.start import bootstrap
-from clusterddp.launch.observe.record import exit_code_of
+from clusterddp.launch.observe.marks import exit_code_of
 from tests.conftest import BIN, start_cli, write_job
 
 #: Every rule of the interpreter: None; ints in a byte, past it, negative, at and past the

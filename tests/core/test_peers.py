@@ -63,7 +63,7 @@ def test_node0_says_once_what_it_does_not_see(tmp_path: Path) -> None:
         zero.poll(stepped=clock.now > 1030.0)
         one.poll(stepped=True)
     assert zero.files == [] and not one.judged_elsewhere
-    assert len(said) == 1 and "node 0 sees no progress record of node(s) 1 (n2)" in said[0], said
+    assert len(said) == 1 and "node 0 sees no progress file of node(s) 1 (n2)" in said[0], said
     assert "each node judges only its own ranks" in said[0]
     (tmp_path / "a" / marker_name(1)).write_text((tmp_path / "b" / marker_name(1)).read_text())
     clock.now += 1.0

@@ -1,4 +1,4 @@
-"""The progress record: written by train.liveness, read by clusterddp.progress; the event log."""
+"""The progress file: written by train.liveness, read by clusterddp.progress; the event log."""
 
 from __future__ import annotations
 

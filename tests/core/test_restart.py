@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from clusterddp import exitcodes
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 from clusterddp.launch.restart.policy import MAX_BACKOFF, RestartPolicy, exit_code
 
 

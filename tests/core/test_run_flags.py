@@ -27,7 +27,7 @@ def _remote_argv(argv: list[str], env: dict[str, str] | None = None) -> tuple[st
     args = cli._typed(cli.build_parser().parse_args(["run", "/jobs/a.yaml", *argv]), env or {})
     passed_on = fanout_options(cli.run_options(args)).launcher_args
     return launcher_argv("/py", ["/jobs/a.yaml"], nnodes=2, node_rank=1, master_addr="10.0.0.1",
-                         master_port=29500, run_id="r", nproc=2, heartbeat_timeout=6.0, extra=passed_on)
+                         master_port=29500, run_id="r", nproc=2, keepalive_timeout=6.0, extra=passed_on)
 
 
 def _remote_parse(argv: tuple[str, ...]) -> dict[str, object]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from clusterddp.launch.restart.coordinate import AttemptEnded, Restart
 from clusterddp.launch.observe.peers import SharedRunDir
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 from clusterddp.launch.restart.stepcoord import StepCoordinator
 from clusterddp.protocol import attempt_end_name as end_name, decision_name
 from clusterddp.launch.restart.verdict import failure_of

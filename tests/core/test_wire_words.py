@@ -23,7 +23,7 @@ from tests.conftest import REPO
 #: replaces what a host name may not hold); replaced by ``{}`` afterwards.
 _VALUE = "QQ{}QQ"
 #: Name functions whose ``kind`` is one of protocol's constants with this prefix.
-KINDS = {"rank_file_name": "RANK_", "record_name": "RECORD_"}
+KINDS = {"rank_file_name": "RANK_", "mark_name": "RECORD_"}
 #: The SSH stub spells its probe marker itself (protocol.py's docstring says why).
 EXEMPT = {REPO / "clusterddp" / "launch" / "ssh" / "stub.py"}
 

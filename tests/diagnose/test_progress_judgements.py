@@ -1,4 +1,4 @@
-"""The slow host named and hang_timeout: auto, from the ranks' progress records (issue 26, goals 2 and 3)."""
+"""The slow host named and hang_timeout: auto, from the ranks' progress files (issue 26, goals 2 and 3)."""
 
 from __future__ import annotations
 

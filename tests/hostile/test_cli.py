@@ -99,7 +99,7 @@ FLAG_CASES = [
     ("python-empty", ["--python", ""], {}, "--python: must not be empty"),
     ("log-ranks-word", ["--log-ranks", "zero"], {}, "--log-ranks: expected ranks like 0,3"),
     ("log-ranks-negative", ["--log-ranks=-1"], {}, "--log-ranks: expected ranks like 0,3"),
-    ("heartbeat-zero", ["--heartbeat-timeout", "0"], {}, "--heartbeat-timeout: must be > 0"),
+    ("heartbeat-zero", ["--keepalive-timeout", "0"], {}, "--keepalive-timeout: must be > 0"),
     ("hostfile-missing", ["--hostfile", "nope.hosts", "--dry-run"], {}, "nope.hosts: no such hostfile"),
     ("hostfile-fifo", ["--hostfile", "fifo.hosts", "--dry-run"], {}, "fifo.hosts: the hostfile is not a regular file"),
     ("hostfile-dev-zero", ["--hostfile", "/dev/zero", "--dry-run"], {}, "/dev/zero: the hostfile is not a regular file"),
@@ -302,7 +302,7 @@ def test_any_hostfile_text_is_hosts_or_one_line(text: str) -> None:
 
 
 _FLAGS = ["--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--run-id",
-          "--restarts", "--grace-period", "--log-ranks", "--heartbeat-timeout"]
+          "--restarts", "--grace-period", "--log-ranks", "--keepalive-timeout"]
 
 
 @_SETTINGS

@@ -102,8 +102,8 @@ def run_script(script: str, stubs: Path, work: Path, *, shell_line: bool = False
                           capture_output=True, timeout=600)
 
 
-def record_dir(job: JobSpec, work: Path) -> str:
-    """The ``--record-dir`` of attempt 0 of job 7 run in ``work``: ``logs.dir`` as bare launchers see it."""
+def marks_dir(job: JobSpec, work: Path) -> str:
+    """The ``--marks-dir`` of attempt 0 of job 7 run in ``work``: ``logs.dir`` as bare launchers see it."""
     logs = job.logs.dir if os.path.isabs(job.logs.dir) else f"{work}/{job.logs.dir}"
     return f"{logs}/7/launchers/0.0"
 
@@ -170,7 +170,7 @@ def test_sbatch_for_every_hostile_value(field: str, stubs: Path, tmp_path: Path)
         argv, env = recorded(work, "srun")
         interpreter = python or job.python or sys.executable
         assert argv == [*SRUN_OPTIONS, interpreter, "-m", "clusterddp", "run", job_path, "--restart-count", "0",
-                        "--record-dir", record_dir(job, work)], (field, value)
+                        "--marks-dir", marks_dir(job, work)], (field, value)
         if field == "env value":
             assert env["HOSTILE"] == value
         if field == "name":
@@ -264,7 +264,7 @@ def test_node_ranges_and_restarts(field: str, value: object, stubs: Path, tmp_pa
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / CANARY).exists()
     assert recorded(tmp_path, "srun")[0] == [*SRUN_OPTIONS, PYTHON, "-m", "clusterddp", "run", JOB_PATH,
-                                             "--restart-count", "0", "--record-dir", record_dir(job, tmp_path)]
+                                             "--restart-count", "0", "--marks-dir", marks_dir(job, tmp_path)]
 
 
 def test_passthrough_goes_to_sbatch_by_name_only() -> None:

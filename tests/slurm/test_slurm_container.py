@@ -70,7 +70,7 @@ def test_step_options_and_host_side_master(runtime: str, stubs: Path, tmp_path: 
     tail = [*(["env", f"--chdir={tmp_path}"] if runtime == "oci" else ["env"]),
             *[w for n in CLEARED_VARIABLES for w in ("-u", n)],
             *[w for n in (BATCH_TASK_VARIABLES if runtime == "oci" else ()) for w in ("-u", n)], "python3", str(tmp_path / "c.pyz"), "run", job_path,
-            "--restart-count", "0", "--record-dir", f"{tmp_path}/logs/7/launchers/0.0"]
+            "--restart-count", "0", "--marks-dir", f"{tmp_path}/logs/7/launchers/0.0"]
     assert argv[-len(tail):] == tail  # a relative logs.dir starts at the container's workdir
     mounts = f"/datasets:/data:ro,{tmp_path}:{tmp_path}"
     if runtime == "pyxis":
@@ -157,7 +157,7 @@ def test_the_hint_of_a_container_script_names_the_pack_step_it_needs(stubs: Path
     assert cli(*shlex.split(by_hand[1])[1:], cwd=tmp_path).returncode == 0
     result = run(script, stubs, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert recorded(tmp_path, "srun")[0][-4:-1] == ["--restart-count", "0", "--record-dir"]
+    assert recorded(tmp_path, "srun")[0][-4:-1] == ["--restart-count", "0", "--marks-dir"]
 
 
 def test_render_o_and_submit_of_a_container_job_take_care_of_the_pack(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_render_o_and_submit_of_a_container_job_take_care_of_the_pack(tmp_path: 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
 def test_an_absolute_log_dir_is_mounted_where_the_launcher_records(runtime: str, stubs: Path, tmp_path: Path) -> None:
-    """logs.dir outside the working directory is mounted at its own path (rank logs, launcher records);
+    """logs.dir outside the working directory is mounted at its own path (rank logs, launcher marks);
     the records of attempt 0 go under it."""
     work, logs = tmp_path / "work", tmp_path / "logs"
     work.mkdir()
@@ -193,4 +193,4 @@ def test_an_absolute_log_dir_is_mounted_where_the_launcher_records(runtime: str,
     argv, _ = recorded(work, "srun")
     mounts = next(w for w in argv if w.startswith(("--container-mounts=", "--bind=")))
     assert f"{logs}:{logs}" in mounts.split("=", 1)[1].split(",")
-    assert argv[-2:] == ["--record-dir", f"{logs}/7/launchers/0.0"]
+    assert argv[-2:] == ["--marks-dir", f"{logs}/7/launchers/0.0"]

@@ -165,12 +165,12 @@ def test_a_job_id_that_is_no_job_id_is_refused() -> None:
 #: What srun 22.05 prints for a task a SPANK plugin stopped from launching.
 LAUNCH_FAILED = "srun: error: task {} launch failed: Plugin initialization failed"
 #: Stubs: srun records its argv (one line per call, words NUL-separated), leaves each node's
-#: launcher records as a launcher would (tests/slurm/stubs.py) and exits with the next code of
+#: launcher marks as a launcher would (tests/slurm/stubs.py) and exits with the next code of
 #: $EXITS; "nolaunch" is srun's answer when no task launched (its error lines, exit 0, no
 #: records), "half" the same for node 2 only, "silent" launchers that started and left no exit
 #: status. scontrol and squeue answer from files; sleep only records its delay.
-FAILURE0, FAILURE1 = (protocol.record_name(i, protocol.RECORD_FAILURE) for i in (0, 1))
-ATTEMPT0, ATTEMPT1 = (protocol.record_name(i, protocol.RECORD_ATTEMPT) for i in (0, 1))
+FAILURE0, FAILURE1 = (protocol.mark_name(i, protocol.MARK_FAILURE) for i in (0, 1))
+ATTEMPT0, ATTEMPT1 = (protocol.mark_name(i, protocol.MARK_ATTEMPT) for i in (0, 1))
 STUBS = {
     "srun": 'printf "%s\\0" "$@" >> "$WORK/srun.calls"; echo >> "$WORK/srun.calls"\n'
             'call=$(wc -l < "$WORK/srun.calls"); code=$(echo "$EXITS" | cut -d, -f"$call")\n'
@@ -235,7 +235,7 @@ def run_restarts(tmp_path: Path, exits: str, states: dict[str, str] | None = Non
 
 def launcher_argv(attempt: int, tmp_path: Path) -> list[str]:
     return [PYTHON, "-m", "clusterddp", "run", "/jobs/r.yaml", "--restart-count", str(attempt),
-            "--record-dir", f"{tmp_path}/logs/7/launchers/0.{attempt}"]
+            "--marks-dir", f"{tmp_path}/logs/7/launchers/0.{attempt}"]
 
 
 def test_failed_step_restarts_in_the_allocation(tmp_path: Path) -> None:

@@ -239,7 +239,7 @@ def test_cut_link_restarts_job_from_checkpoint(lab2: SSHLab, head_factory, tmp_p
     is gone for good (an elastic job would leave it out, the test above). cdssh2's launcher of
     attempt 0, cut off, stops on its own: once the link is back the head's kernel answers the
     connection it gave up on with a reset and the launcher's stdin ends (here about 0.6 s after
-    the report), or, the link still down, when no heartbeat came for 6 s; while it is stopping,
+    the report), or, the link still down, when no keepalive came for 6 s; while it is stopping,
     attempt 1's launcher there waits for it to let go of rank 1's log lock (``local.lock_logs``)."""
     job = write_job(lab2, str(REPO / "tests" / "bin" / "transient_fault.py"), nproc=1, name="cut",
                     args=["link", str(tmp_path)], env={"OMP_NUM_THREADS": "1"})
@@ -274,7 +274,7 @@ def test_cut_link_restarts_job_from_checkpoint(lab2: SSHLab, head_factory, tmp_p
         assert (tmp_path / f"start.rank{rank}.attempt1").read_text() == "2"  # resumed, not from step 0
         assert (tmp_path / f"ckpt.rank{rank}").read_text() == "4"
         assert f"rank {rank} finished at step 4 (attempt 1, resumed at 2)" in stdout, head.output()
-    clean, seconds, left = lab2.wait_clean(6.0 + 2 + 2)  # a launcher cut off stops within its heartbeat timeout
+    clean, seconds, left = lab2.wait_clean(6.0 + 2 + 2)  # a launcher cut off stops within its keepalive timeout
     assert clean, left
     print(f"cut link: cut -> named {noticed - cut:.1f}s, -> restart line {restarted - cut:.1f}s, "
           f"-> job done {finished - cut:.1f}s; hosts clean {seconds:.1f}s after")

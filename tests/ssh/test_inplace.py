@@ -219,7 +219,7 @@ def test_launcher_killed_while_waiting_is_replaced(lab2: SSHLab, head_factory: C
 def test_link_cut_while_waiting_stops_everything(lab2: SSHLab, head_factory: Callable[..., Head]) -> None:
     """cdssh2's link is cut while both launchers wait out the 2 s backoff: the head finds the host
     lost and ends the job, and every host is clean soon after (the cut one stops for the silent
-    heartbeat). Found during the backoff (the usual case: ``ssh.link_timeout`` 1 s against what
+    keepalive). Found during the backoff (the usual case: ``ssh.link_timeout`` 1 s against what
     is left of 2 s), the check before the restart word releases the launchers, the next attempt
     is probed anew and the cut host fails the probe: 3 attempts. Found after the restart word
     went out, attempt 4 fails with the host lost: 4 attempts."""
@@ -232,7 +232,7 @@ def test_link_cut_while_waiting_stops_everything(lab2: SSHLab, head_factory: Cal
     during_backoff = re.search(r"^clusterddp: restart 3: preflight failed on 1 of 2 hosts", stderr, re.M)
     assert ("3 attempts:" in stderr) if during_backoff else ("4 attempts:" in stderr), head.output()
     print(f"link cut during the backoff: found {'before' if during_backoff else 'after'} the restart word")
-    clean, seconds, left = lab2.wait_clean(6.0 + 2 + 2)  # the cut launcher stops within its heartbeat timeout
+    clean, seconds, left = lab2.wait_clean(6.0 + 2 + 2)  # the cut launcher stops within its keepalive timeout
     assert clean, left
 
 

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from clusterddp.launch.ssh.attempt import heartbeat_interval
+from clusterddp.launch.ssh.attempt import keepalive_interval
 from clusterddp.launch.ssh.hosts import Host
 from clusterddp.launch.ssh.io import RemoteLauncher, lost_reason, poll_end
 from clusterddp.launch.ssh.reach import ConnectSettings, HostSession, LaunchPlan, open_socket, user_timeout_ms
@@ -74,10 +74,10 @@ def test_user_timeout_is_whole_milliseconds(seconds: float, ms: int) -> None:
     (2.0, 1.0, 2.0),      # given explicitly: as given
     (0.3, 5.0, 0.3),
 ])
-def test_heartbeat_interval_follows_the_link_timeout(explicit: float | None, link_timeout: float,
+def test_keepalive_interval_follows_the_link_timeout(explicit: float | None, link_timeout: float,
                                                      expected: float) -> None:
     """min(1 s, link_timeout / 4) unless set: detection is at most link_timeout + interval."""
-    assert heartbeat_interval(explicit, link_timeout) == expected
+    assert keepalive_interval(explicit, link_timeout) == expected
 
 
 @pytest.mark.parametrize("seconds,text", [(1.0, "1s"), (0.5, "0.5s"), (2.5, "2.5s"), (5.0, "5s"), (1.25, "1.25s")])

@@ -73,10 +73,10 @@ def test_launcher_env_precedence() -> None:
 def test_launcher_argv_puts_command_last() -> None:
     """A job file goes first; a '--' command goes after every launcher flag."""
     common = dict(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500, run_id="r", nproc=2,
-                  heartbeat_timeout=6.0)
+                  keepalive_timeout=6.0)
     with_file = launcher_argv("/py", ["/jobs/a.yaml"], **common)
     assert with_file[:5] == ("/py", "-m", "clusterddp", "run", "/jobs/a.yaml")
-    assert "--watch-stdin" in with_file and "--report-json" in with_file
+    assert "--watch-stdin" in with_file and "--emit-result" in with_file
     no_file = launcher_argv("/py", ["--", "train.py", "--nnodes", "9"], extra=["--restarts", "1"], **common)
     assert no_file[-4:] == ("--", "train.py", "--nnodes", "9")
     assert no_file[no_file.index("--node-rank") + 1] == "1"

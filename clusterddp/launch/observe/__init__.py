@@ -2,9 +2,9 @@
 
 - ``logs``: each worker's output to its rank log, visible lines to the console
 - ``merge``: identical console lines of several ranks shown as one
-- ``report``: ``WorkerExit``, what happened to each worker, and the root-cause report
-- ``runlog``: the run's event log, and what the ranks' progress records say
-- ``peers``: without a head, node 0 reads the other nodes' progress records in the shared run
+- ``exits``: ``WorkerExit``, what happened to each worker, and the root-cause summary
+- ``runlog``: the run's event log, and what the ranks' progress files say
+- ``peers``: without a head, node 0 reads the other nodes' progress files in the shared run
   directory
-- ``record``: the launcher's own account of an attempt, for the sbatch script
+- ``marks``: the launcher's marks for the sbatch script (``node<R>.started``, ``node<R>.exit``)
 """

@@ -1,9 +1,9 @@
 """Without a head (SLURM, OpenPAI, Kubernetes): node 0 judges every node's ranks when the
 nodes share the run directory.
 
-Over SSH the head sees every host's progress records (they come down its sessions). Under
+Over SSH the head sees every host's progress files (they come down its sessions). Under
 srun or in pods there is no such process, but the nodes usually share the log filesystem
-(checkpoints need one anyway), and every rank's progress record is already a file of the run
+(checkpoints need one anyway), and every rank's progress file is already a file of the run
 directory (``rank<R>.heartbeat``). So a launcher that is one node of several writes a marker,
 ``node<K>.here``, when an attempt starts: its host, its ranks' record files, the attempt and
 a random nonce. Node 0 looks for the others' markers (at most once a second, only for nodes
@@ -150,7 +150,7 @@ class SharedRunDir:
             unseen = [node for node in range(1, self.topology.nnodes) if node not in self.peers]
             who = (f"node 0 judges its own ranks and those of {_named(list(self.peers.values()))}, the others "
                    "only their own" if self.peers else "each node judges only its own ranks")
-            self.say(f"clusterddp: node 0 sees no progress record of node(s) {_nodes(unseen, self.topology)} in "
+            self.say(f"clusterddp: node 0 sees no progress file of node(s) {_nodes(unseen, self.topology)} in "
                      f"{self.run_dir} (not a directory the nodes share?): {who} (slow host, hang_timeout auto)")
 
     def _peer(self, node: int) -> Peer | None:

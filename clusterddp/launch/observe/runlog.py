@@ -1,5 +1,5 @@
 """What a node's supervisor writes to the run's event log, and what it learns from its ranks'
-progress records: one object the supervisor calls at a few points of its loop.
+progress files: one object the supervisor calls at a few points of its loop.
 
 It reads the records of the attempt's ranks (``clusterddp.progress``) at most every
 ``READ_INTERVAL`` seconds on the supervisor's tick, and turns what changed into events
@@ -23,7 +23,7 @@ from clusterddp.progress import TRAIN, RankProgress, first_step_t, read_all, ste
 
 #: Seconds between two reads of the ranks' records (a read is one small file per rank).
 READ_INTERVAL = 0.25
-#: An attempt whose ranks wrote no progress record at all (a script that never calls
+#: An attempt whose ranks wrote no progress file at all (a script that never calls
 #: ``heartbeat``) counts as having made progress once it ran this long: without a record
 #: the launcher cannot see steps, and a run that failed after hours of unseen work must be
 #: restarted as before, not judged "before any progress".

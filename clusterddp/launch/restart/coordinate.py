@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 from clusterddp.launch.restart.verdict import Failure, RankEnd
 from clusterddp.launch.start.workers import WorkerPlan
 from clusterddp.topology import Topology

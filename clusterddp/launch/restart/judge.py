@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 from clusterddp.launch.restart.policy import RestartPolicy, end_reason, exit_code
 from clusterddp.launch.restart.verdict import Failure, failure_of, rank_ends, verdict
 from clusterddp.spec import RestartOnSpec

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from clusterddp import exitcodes
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 
 #: The longest pause between restarts (clusterddp.exitcodes, shared with every restarter).
 MAX_BACKOFF = exitcodes.MAX_BACKOFF

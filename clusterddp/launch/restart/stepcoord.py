@@ -2,7 +2,7 @@
 
 The batch script restarts a failed step as a new srun step: new launchers, a new zygote that
 imports torch again, seconds per fault. But the launchers of a step outlive their workers'
-failure, and they share a directory: the step's record directory (``--record-dir``, made
+failure, and they share a directory: the step's record directory (``--marks-dir``, made
 empty by the batch shell for every step, read by it on node 0, so on a filesystem the nodes
 share). So when the job has restarts left, each node's launcher, once its attempt K failed
 (or once it saw that another node's attempt K ended: it then tears its own workers down at
@@ -180,9 +180,9 @@ class StepCoordinator:
                 self.say(f"clusterddp: no restart in place after attempt {ended.attempt}: {decision.why}")
             return None
         try:  # the batch script counts restarts on from the last attempt the launchers ran
-            protocol.write_record(self.directory, self.node, protocol.RECORD_ATTEMPT, f"{ended.attempt + 1}\n")
+            protocol.write_mark(self.directory, self.node, protocol.MARK_ATTEMPT, f"{ended.attempt + 1}\n")
         except WriteError as exc:
-            self.say(f"clusterddp: warning: --record-dir: {exc}")
+            self.say(f"clusterddp: warning: --marks-dir: {exc}")
         if self.node == 0:
             self.say(f"clusterddp: attempt {ended.attempt} failed ({decision.why}); restarting in place: attempt "
                      f"{ended.attempt + 1} of {self.restarts}, master port {decision.master_port}")
@@ -281,7 +281,7 @@ class StepCoordinator:
         try:
             write_atomically(os.path.join(self.directory, name), text, durable=False)
         except WriteError as exc:
-            self.say(f"clusterddp: warning: --record-dir: {exc}")
+            self.say(f"clusterddp: warning: --marks-dir: {exc}")
             return False
         return True
 
@@ -290,7 +290,7 @@ class StepCoordinator:
         failed_at = decision.failed_at if decision is not None else end.failed_at
         if failed_at is None:  # ended because another node did: not a cause (nor an earlier attempt's)
             try:
-                os.unlink(os.path.join(self.directory, protocol.record_name(self.node, protocol.RECORD_FAILURE)))
+                os.unlink(os.path.join(self.directory, protocol.mark_name(self.node, protocol.MARK_FAILURE)))
             except OSError:
                 pass
             return
@@ -302,9 +302,9 @@ class StepCoordinator:
         text = " ".join("".join(c for c in text if c.isprintable()).split())  # one line, for a shell's echo
         line = f"{int(failed_at * 1000)} {attempt} {said} {text}\n"
         try:
-            protocol.write_record(self.directory, self.node, protocol.RECORD_FAILURE, line)
+            protocol.write_mark(self.directory, self.node, protocol.MARK_FAILURE, line)
         except WriteError as exc:
-            self.say(f"clusterddp: warning: --record-dir: {exc}")
+            self.say(f"clusterddp: warning: --marks-dir: {exc}")
 
 
 def _decision(data: Mapping[str, object], attempt: int) -> Decision | None:

@@ -2,7 +2,7 @@
 
 An attempt failed. What the launcher knows: the first failed worker's exit (code or signal)
 and the last lines it wrote (the traceback ``@record`` kept in the error file, else its
-stderr tail), whether any rank completed a step in the attempt (the progress record:
+stderr tail), whether any rank completed a step in the attempt (the progress file:
 ``RunLog.progressed``), and the failure of the attempt before. A failure that will repeat
 identically is not retried (pytorch#60910): restarting it only spends ``restarts`` and
 backoff on the same traceback.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from clusterddp.exitcodes import PREEMPTED
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 from clusterddp.spec import RestartOnSpec
 
 #: Exceptions that, before any progress, will be raised again by the same code and files.

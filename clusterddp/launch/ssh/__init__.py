@@ -18,9 +18,9 @@ One module per concept, in the order a run meets them:
 - ``running``: the states that act on the hosts: RUNNING (GO or the restart word to every
   host, relayed to the end, its failure reported) and RELEASING (launchers that wait for a
   word that will not come ended); ``Stop``, the head's signals
-- ``relay``: output relayed with heartbeats; any failure stops every host (``Teardown``:
+- ``relay``: output relayed with keepalives; any failure stops every host (``Teardown``:
   stdin closed, then a process-group kill over SSH)
-  - ``io``: each host's channel read line by line, lines relayed, heartbeats sent; ``Console``,
+  - ``io``: each host's channel read line by line, lines relayed, keepalives sent; ``Console``,
     the head's one ``say``
   - ``stacks``: one "where is each rank" round across hosts
 - ``inplace``: whole-job restarts in place: the next attempt on the launchers that wait for

@@ -68,9 +68,9 @@ class FanoutOptions:
     cwd: str | None = None
     #: Head environment the allow-list is taken from; default ``os.environ``.
     head_env: Mapping[str, str] | None = None
-    #: Seconds between the head's heartbeats; None: from the link timeout (``heartbeat_interval``).
-    heartbeat_interval: float | None = None
-    heartbeat_timeout: float = 6.0
+    #: Seconds between the head's keepalives; None: from the link timeout (``keepalive_interval``).
+    keepalive_interval: float | None = None
+    keepalive_timeout: float = 6.0
     stdout: BinaryIO | None = None
     stderr: BinaryIO | None = None
     #: Run this instead of the job's script (``("-m", "pkg.mod", ...)``): the job still gives
@@ -103,8 +103,8 @@ class Launch:
     high: int
     #: The head's stdout and stderr: everything the head prints goes through it, masked.
     console: Console
-    #: Seconds between the head's heartbeats to every host (``heartbeat_interval``, resolved once).
-    heartbeat_interval: float
+    #: Seconds between the head's keepalives to every host (``keepalive_interval``, resolved once).
+    keepalive_interval: float
 
 
 def launch_of(job: JobSpec, options: FanoutOptions) -> Launch:
@@ -117,13 +117,13 @@ def launch_of(job: JobSpec, options: FanoutOptions) -> Launch:
     refuse_loopback(master_addr, min(high, len(hosts)))  # the user's address
     settings = ConnectSettings(timeout=job.ssh.connect_timeout, accept_new_host_keys=job.ssh.accept_new_host_keys,
                                link_timeout=job.ssh.link_timeout)
-    interval = heartbeat_interval(options.heartbeat_interval, settings.link_timeout)
+    interval = keepalive_interval(options.keepalive_interval, settings.link_timeout)
     target, paths = _target(job, options)
     run_id = options.run_id or default_run_id(job.name)  # handed to every host: unique
     base_env = head_launch_env(job, os.environ if options.head_env is None else options.head_env)
     return Launch(job=job, options=options, hosts=hosts, settings=settings, run_id=run_id, master_addr=master_addr,
                   python=job.python or sys.executable, cwd=options.cwd or os.getcwd(), base_env=base_env,
-                  target=target, paths=paths, low=low, high=high, heartbeat_interval=interval,
+                  target=target, paths=paths, low=low, high=high, keepalive_interval=interval,
                   console=Console(options.stdout or sys.stdout.buffer, options.stderr or sys.stderr.buffer))
 
 
@@ -160,11 +160,11 @@ def head_launch_env(job: JobSpec, head_env: Mapping[str, str]) -> dict[str, str]
     return env
 
 
-def heartbeat_interval(explicit: float | None, link_timeout: float) -> float:
-    """Seconds between the head's heartbeats: ``explicit`` when given, else min(1 s, a quarter
+def keepalive_interval(explicit: float | None, link_timeout: float) -> float:
+    """Seconds between the head's keepalives: ``explicit`` when given, else min(1 s, a quarter
     of the link timeout). A cut link is noticed once the head's data has gone unacknowledged for
     the link timeout (``reach``: TCP_USER_TIMEOUT, which Linux counts from its first resend, one
-    retransmission timeout after the send), and there is data only from the next heartbeat on:
+    retransmission timeout after the send), and there is data only from the next keepalive on:
     a dead host is named within link timeout + interval + that, about 1.5 s by default."""
     return explicit if explicit is not None else min(1.0, link_timeout / 4)
 
@@ -291,7 +291,7 @@ def plan_launchers(launch: Launch, sessions: Sequence[HostSession], master_addr:
         interface = job.ssh.interface or route.get("dev")
         argv = launcher_argv(session.facts["executable"], launch.target, nnodes=len(sessions),
                              node_rank=session.node_rank, master_addr=master_addr, master_port=master_port,
-                             run_id=launch.run_id, nproc=nproc, heartbeat_timeout=options.heartbeat_timeout,
+                             run_id=launch.run_id, nproc=nproc, keepalive_timeout=options.keepalive_timeout,
                              extra=(*restart, *layout, *options.launcher_args))
         plans.append(LaunchPlan(host=session.host.name, node_rank=session.node_rank, nproc=nproc, argv=argv,
                                 env=launcher_env(launch.base_env, job.env, interface), cwd=launch.cwd,
@@ -407,9 +407,9 @@ def launcher_env(base: Mapping[str, str], job_env: Mapping[str, str], interface:
 
 
 def launcher_argv(python: str, target: list[str], *, nnodes: int, node_rank: int, master_addr: str,
-                  master_port: int, run_id: str, nproc: int, heartbeat_timeout: float,
+                  master_port: int, run_id: str, nproc: int, keepalive_timeout: float,
                   extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """``python -m clusterddp run JOB --nnodes ... --watch-stdin --report-json [extra]``.
+    """``python -m clusterddp run JOB --nnodes ... --watch-stdin --emit-result [extra]``.
 
     ``target`` is ``[job_path]`` or ``["--", script, args...]`` (torchrun style, no job file);
     the ``--`` part goes last so the launcher's own flags cannot be mistaken for the script's.
@@ -420,5 +420,5 @@ def launcher_argv(python: str, target: list[str], *, nnodes: int, node_rank: int
             "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--master-addr", master_addr, "--master-port", str(master_port),
             "--run-id", run_id, "--nproc-per-node", str(nproc),
-            "--watch-stdin", "--heartbeat-timeout", f"{heartbeat_timeout:g}", "--report-json",
+            "--watch-stdin", "--keepalive-timeout", f"{keepalive_timeout:g}", "--emit-result",
             *extra, *command_part)

@@ -6,12 +6,12 @@ states, each one step, in this order on a failure that is restarted::
 
     PROBING      connect and probe every candidate in parallel, preflight (all problems at
                  once, nothing started), choose the hosts, one ``LaunchPlan`` per host
-    RUNNING      GO to every stub at once, relay output and heartbeats until the end, report
+    RUNNING      GO to every stub at once, relay output and keepalives until the end, report
                  naming the host that failed first (``running``)
     JUDGING      restart or not (``restarts: N``, the verdict, a stop); keep the launchers
                  waiting for the next attempt when they all may (``inplace``)
     RELEASING    else end the waiting ones (``running``)
-    BACKING_OFF  the wait, with heartbeats to the launchers kept
+    BACKING_OFF  the wait, with keepalives to the launchers kept
     RESUMING     the next attempt on the kept launchers (the restart word), or PROBING anew
     ...          until ENDED, with the job's exit code
 
@@ -72,7 +72,7 @@ class HeadState(enum.Enum):
     JUDGING = "judging"
     #: Launchers that wait for a word that will not come: EOF, their last lines, their logs.
     RELEASING = "releasing"
-    #: The wait before the next attempt, with heartbeats to the launchers kept waiting.
+    #: The wait before the next attempt, with keepalives to the launchers kept waiting.
     BACKING_OFF = "backing_off"
     #: The job's exit code is known.
     ENDED = "ended"
@@ -301,7 +301,7 @@ class HeadLoop:
         launch.console.say(restart_line(self.attempts[-1], launch.job.restarts, backoff, self.dead))
         stopping = time.monotonic() - outcome.stop_began if outcome.stop_began is not None else 0.0
         if inplace.keep_alive(self.kept.launchers if self.kept else [], backoff - stopping,
-                              lambda: self.stop.signum is not None, launch.heartbeat_interval):
+                              lambda: self.stop.signum is not None, launch.keepalive_interval):
             return self._stopped()
         if self.kept is None:
             return _S.PROBING

@@ -97,7 +97,7 @@ def in_place_start(launch: Launch, kept: Start, number: int, lost: dict[str, str
 
 def keep_alive(launchers: Sequence[RemoteLauncher], seconds: float, stopped: Callable[[], bool],
                interval: float) -> bool:
-    """Wait ``seconds`` (a restart's backoff) with a heartbeat to every waiting launcher, so
+    """Wait ``seconds`` (a restart's backoff) with a keepalive to every waiting launcher, so
     none stops for a silent head; True when a stop signal came meanwhile (at once)."""
     deadline = time.monotonic() + seconds
     next_beat = time.monotonic()
@@ -106,7 +106,7 @@ def keep_alive(launchers: Sequence[RemoteLauncher], seconds: float, stopped: Cal
         if now >= deadline:
             return False
         if now >= next_beat:
-            io.heartbeat(launchers)
+            io.keepalive(launchers)
             next_beat = now + interval
         time.sleep(min(0.1, deadline - now, max(0.0, next_beat - now)) or 0.01)
     return True

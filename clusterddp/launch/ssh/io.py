@@ -1,5 +1,5 @@
 """The head's I/O with every host: each launcher's channel read line by line, its lines
-relayed to the console, heartbeats and requests written to its stdin, its end noticed.
+relayed to the console, keepalives and requests written to its stdin, its end noticed.
 
 What the lines mean (result and stacks lines, hangs) is the relay's business; this module
 only moves bytes and records what a channel says about its host in ``HostState``.
@@ -36,7 +36,7 @@ class RemoteLauncher(HostState):
         self.partial: dict[str, bytes] = {"out": b"", "err": b""}
         #: Inside the launcher's own stderr block about a dump (kept out of the console).
         self.in_stacks_block = False
-        #: The head closed the launcher's stdin (EOF): no heartbeat or word can follow.
+        #: The head closed the launcher's stdin (EOF): no keepalive or word can follow.
         self.stdin_closed = False
         #: The session is over (the launcher exited, or the connection is lost).
         self.over = False
@@ -217,7 +217,7 @@ def in_stacks_block(launcher: RemoteLauncher, line: bytes) -> bool:
     return False
 
 
-def heartbeat(launchers: Sequence[RemoteLauncher]) -> None:
+def keepalive(launchers: Sequence[RemoteLauncher]) -> None:
     """A newline down every launcher's stdin still open (running, or waiting for the head's
     word): it stops when these stop coming."""
     for launcher in launchers:

@@ -191,7 +191,7 @@ def rank_ends(hosts: Sequence[HostState]) -> list[RankEnd]:
 
 def progressed(hosts: Sequence[HostState]) -> bool:
     """Did any rank of the job complete a step in the attempt, as the hosts' launchers saw it
-    in their ranks' progress records? Unknown (no host said, e.g. all lost) counts as yes,
+    in their ranks' progress files? Unknown (no host said, e.g. all lost) counts as yes,
     so such an attempt is restarted as before."""
     said = [host.result.get("progressed") for host in hosts if host.result is not None]
     known = [value for value in said if isinstance(value, bool)]

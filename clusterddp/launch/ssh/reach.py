@@ -5,7 +5,7 @@ Connections are opened the way a long job needs them:
 
 - The TCP socket is ours (``connect(sock=...)``) so it carries keepalive (idle 2 s, interval
   2 s, 3 probes) and ``TCP_USER_TIMEOUT``: paramiko's own keepalive never notices a cut link,
-  and while the head sends heartbeats the connection is never idle, so only the user timeout
+  and while the head sends keepalives the connection is never idle, so only the user timeout
   (the head's data unacknowledged for ``ssh.link_timeout``, 1 s by default) catches a cable
   pulled mid-run. The kernel's timer, not an answer the host's processes must give: a head or
   a host starved of CPU still acknowledges in the kernel, so only a link that is really gone

@@ -1,10 +1,10 @@
-"""The run: relay every host's output, send heartbeats, and stop every host on any failure.
+"""The run: relay every host's output, send keepalives, and stop every host on any failure.
 
 One thread (the caller's) serves all hosts through a selector on the channels, so what the
 head spends per host is one paramiko transport thread plus a few syscalls per line relayed.
 ``Relay`` coordinates; each job has its module:
 
-- ``io``: each host's channel read line by line, lines relayed, heartbeats sent, its end noticed;
+- ``io``: each host's channel read line by line, lines relayed, keepalives sent, its end noticed;
 - ``Teardown`` (below): stopping every host (stdin closed, then a process-group kill over SSH);
 - ``outcome``: the job's exit code and root cause across hosts, and the report, pure functions over plain data;
 - ``stacks``: one round of "where is each rank" across hosts.
@@ -21,7 +21,7 @@ layers 1 and 2):
    every stdin, the waiting launchers' too;
 2. hosts still running ``grace + 2`` s later get ``kill -TERM -- -PGID`` over a new channel
    (or a new connection), then ``-KILL`` 2 s after that;
-3. a host the head cannot reach stops on its own: its launcher sees no heartbeat for 6 s;
+3. a host the head cannot reach stops on its own: its launcher sees no keepalive for 6 s;
 4. a ``kill -9`` of the head closes its sockets, which the hosts see as EOF (layer 1).
 
 Stacks travel the same channels: the head writes ``protocol.STACKS_REQUEST_BYTE`` to every
@@ -29,7 +29,7 @@ host's stdin, each host's launcher answers with one ``CLUSTERDDP_STACKS`` line, 
 ``ssh.stacks`` merges the answers. When a host reports a hang, teardown waits (at most ``HANG_WAIT``) until the other
 hosts said where their ranks are, so the report can name the rank holding everyone.
 
-The slow host is named here too: each host's launcher sends its ranks' progress records that
+The slow host is named here too: each host's launcher sends its ranks' progress files that
 changed (``CLUSTERDDP_PROGRESS``, at most every 0.5 s), and the head, which sees every host,
 compares all ranks (``straggler.StragglerWatch``): one line and one event per slow host.
 """
@@ -67,7 +67,7 @@ class Relay:
     the end; see the module docstring for teardown."""
 
     def __init__(self, launchers: list[RemoteLauncher], console: Console,
-                 settings: ConnectSettings, grace_period: float, heartbeat_interval: float = 1.0,
+                 settings: ConnectSettings, grace_period: float, keepalive_interval: float = 1.0,
                  log_dir: Path | None = None, events: EventLog | None = None,
                  in_place: int | None = None) -> None:
         self.launchers = launchers
@@ -75,7 +75,7 @@ class Relay:
         #: (the job has restarts left and its launchers wait for the head's word).
         self.in_place = in_place
         self.console = console
-        self.heartbeat_interval = heartbeat_interval
+        self.keepalive_interval = keepalive_interval
         self.stop_reason: str | None = None
         self.stop_signal: int | None = None
         self.stop_began: float | None = None
@@ -89,7 +89,7 @@ class Relay:
         self._hang_reported = False
         self._stragglers = StragglerWatch()
         self._rank_hosts: dict[int, str] = {}
-        #: Every rank's latest progress record, from the hosts' progress lines.
+        #: Every rank's latest progress file, from the hosts' progress lines.
         self._records: dict[int, RankProgress] = {}
         #: The head's event log (``ssh.headlog``: one writer of events.jsonl); None: one of
         #: its own is opened on the first straggler.
@@ -114,7 +114,7 @@ class Relay:
         selector = selectors.DefaultSelector()
         for launcher in self.launchers:
             selector.register(launcher.channel.fileno(), selectors.EVENT_READ, launcher)
-        next_beat = time.monotonic() + self.heartbeat_interval
+        next_beat = time.monotonic() + self.keepalive_interval
         try:
             while any(not lau.done for lau in self.launchers):
                 selector.select(timeout=0.1)
@@ -128,8 +128,8 @@ class Relay:
                 self._decide()
                 now = time.monotonic()
                 if now >= next_beat:  # to every open stdin, the waiting launchers' too
-                    io.heartbeat(self.launchers)
-                    next_beat = now + self.heartbeat_interval
+                    io.keepalive(self.launchers)
+                    next_beat = now + self.keepalive_interval
                 if self.teardown.started and self.teardown.escalate(self.launchers, now):
                     break
             self._close_stacks()
@@ -276,7 +276,7 @@ class Relay:
                               + self._phases(merged.suspects()))
 
     def _phases(self, ranks: Sequence[int]) -> str:
-        """Where the suspects' progress records left them: phase and last step."""
+        """Where the suspects' progress files left them: phase and last step."""
         known = [self._records[rank] for rank in ranks if rank in self._records]
         return "".join(f"; rank {r.rank} in phase {r.phase}, last step recorded {r.step}" for r in known[:4])
 
@@ -363,7 +363,7 @@ class Teardown:
             self.console.say(f"sent SIG{signal_name} to the launcher's process group on {launcher.name}")
         except (ConnectError, OSError, EOFError, Exception) as exc:  # noqa: BLE001
             self.console.say(f"could not reach {launcher.name} to stop it ({exc}); it stops on its own when "
-                             "the heartbeat stops")
+                             "the keepalive stops")
         finally:
             if client is not None:
                 client.close()

@@ -100,7 +100,7 @@ def _relay(launch: Launch, launchers: list[RemoteLauncher], log_dir: Path, stop:
     """Relay the started hosts until the end; a stop signal that came before is acted on at once.
     ``in_place``: the attempt, when a failure only ends it (the hosts wait for the next)."""
     relay = Relay(launchers, launch.console, launch.settings, grace_period=launch.job.grace_period,
-                  heartbeat_interval=launch.heartbeat_interval, log_dir=log_dir, events=log.events,
+                  keepalive_interval=launch.keepalive_interval, log_dir=log_dir, events=log.events,
                   in_place=in_place)
     if launch.job.logs.merge and launch.job.logs.prefix:
         world = sum(launcher.plan.nproc for launcher in launchers)
@@ -130,7 +130,7 @@ def release_launchers(launch: Launch, start: Start, signum: int | None, gatherer
               for s in sessions]
     try:
         relay = Relay(ending, launch.console, launch.settings, grace_period=launch.job.grace_period,
-                      heartbeat_interval=launch.heartbeat_interval)
+                      keepalive_interval=launch.keepalive_interval)
         relay.request_stop("the job ends" if signum is None else f"{signal.Signals(signum).name} on the head",
                            signum)
         relay.run()

@@ -10,7 +10,7 @@ over stdin, one JSON line each way:
 3. head -> stub: ``{"argv": [...], "env": {...}, "cwd": ...}`` once every host passed
    preflight; the stub becomes the launcher (in-process when the argv is this interpreter's
    ``-m clusterddp``, else by ``execve``), keeping this PID and the SSH session's stdin (the
-   heartbeat). EOF instead means "preflight failed elsewhere": exit quietly.
+   keepalive). EOF instead means "preflight failed elsewhere": exit quietly.
 
 Why one program for both: each remote command costs a login shell (~130 ms of .bashrc on
 these hosts) and an interpreter start; probing and launching in the same process halves

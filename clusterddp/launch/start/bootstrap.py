@@ -249,7 +249,7 @@ def _print_uncaught(exc: BaseException) -> None:
 
 
 def _announce_exit() -> None:
-    """Tell the launcher that the script returned, in the progress record, when the script
+    """Tell the launcher that the script returned, in the progress file, when the script
     keeps one (``clusterddp.train.liveness`` is loaded: nothing is imported for it here), so
     the ending below (threads, atexit handlers: seconds under load) is no stall to
     ``hang_timeout: auto``."""

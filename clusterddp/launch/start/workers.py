@@ -20,7 +20,7 @@ from clusterddp import exitcodes
 from clusterddp.launch.teardown import procs
 from clusterddp.launch.teardown.guard import JobGuard
 from clusterddp.launch.observe.logs import ConsoleSink, WorkerOutput
-from clusterddp.launch.observe.report import WorkerExit, read_error_file
+from clusterddp.launch.observe.exits import WorkerExit, read_error_file
 from clusterddp.launch.start.warm import ForkedProcess, WarmStart
 from clusterddp.launch.start.workerenv import WorkerEnv
 from clusterddp.protocol import HEARTBEAT_FILE_ENV, STACKS_FILE_ENV, restart_marker

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from clusterddp.launch.observe.report import WorkerExit
+from clusterddp.launch.observe.exits import WorkerExit
 from clusterddp.launch.observe.runlog import RunLog
 from clusterddp.launch.restart.coordinate import Coordinator, PeerWatch
 from clusterddp.launch.restart.verdict import VERDICT_WINDOW

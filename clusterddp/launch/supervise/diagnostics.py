@@ -3,7 +3,7 @@ supervisor calls.
 
 The supervisor owns none of this logic: on its tick it hands the hooks the state of its
 ranks (``workers.RankState``, plain data) and acts on what they answer (a stop reason).
-The hang hook also reads the ranks' progress records (at most every ``READ_INTERVAL``, and
+The hang hook also reads the ranks' progress files (at most every ``READ_INTERVAL``, and
 only when something judges them: ``hang_timeout: auto``, the straggler check) and hands the
 same records to every judgement: one read feeds them all.
 """
@@ -28,7 +28,7 @@ from clusterddp.protocol import progress_line, stacks_block_title, stacks_line, 
 from clusterddp.stackreport import StacksReport, build_report
 
 StacksHook = Callable[[Sequence[RankState], str], "StacksReport | None"]
-#: A judgement fed this node's ranks' progress records each time they are read.
+#: A judgement fed this node's ranks' progress files each time they are read.
 RecordsHook = Callable[[list[RankProgress]], None]
 #: Seconds between two reads of the records (a rank rewrites its record at most once a second).
 READ_INTERVAL = 0.5
@@ -106,7 +106,7 @@ class HangCheck:
     """No rank made progress for ``timeout`` seconds: dump, name a culprit.
 
     A number: progress is any sign of life (a line, the heartbeat file's mtime), counted from
-    the attempt's first one. ``"auto"``: ``hang.StepBudget`` over the progress records; before
+    the attempt's first one. ``"auto"``: ``hang.StepBudget`` over the progress files; before
     the attempt's first step ``hang.START_BUDGET`` without any sign of life, counted from the
     attempt's start; after it, no step (nor phase change) on any rank for the budget.
 

@@ -54,11 +54,11 @@ class SupervisorOptions:
     prefix: bool = True
     #: Identical console lines of several ranks shown once (logs.merge).
     merge: bool = True
-    #: Stop when stdin reaches EOF or stays silent this long (the SSH head's heartbeat).
+    #: Stop when stdin reaches EOF or stays silent this long (the SSH head's keepalive).
     watch_stdin: bool = False
-    heartbeat_timeout: float = 6.0
+    keepalive_timeout: float = 6.0
     #: Print one machine-readable result line at the end (for the SSH head).
-    report_json: bool = False
+    emit_result: bool = False
     #: After a failed attempt, report it and wait for the head's word on stdin (restart in
     #: place, or end): ``StdinWatch`` is the coordinator when none is given (``--await-restart``).
     await_restart: bool = False
@@ -120,11 +120,11 @@ class LocalSupervisor:
         self.runlog = RunLog(EventLog(options.run_dir, None if alone else topology.node_rank, topology.host),
                              peers=peers)
         self.tell = Telling(options.job_name, self.console, self.runlog, options.run_dir if not options.watch_stdin
-                            else None, options.report_json)
+                            else None, options.emit_result)
         hooks = hooks or default_hooks(topology.host, options.run_dir, options.hang_timeout, self.console.say,
-                                       self.tell.emit if options.report_json else None, events=self.runlog.events,
+                                       self.tell.emit if options.emit_result else None, events=self.runlog.events,
                                        records=lambda: self.runlog.judged, peers=peers, alone=alone)
-        self._watch = StdinWatch(options.heartbeat_timeout, self.requests.stop, self.requests.stacks,
+        self._watch = StdinWatch(options.keepalive_timeout, self.requests.stop, self.requests.stacks,
                                  self.requests.end_attempt) if options.watch_stdin else None
         if coordinator is None and options.step_dir is not None:
             coordinator = StepCoordinator(options.step_dir, topology, options.job_restarts, options.restart_on,

@@ -5,7 +5,7 @@ launcher.json for ``clusterddp stacks``. The supervisor decides; this only says 
 from __future__ import annotations
 
 from clusterddp.launch.observe.logs import ConsoleSink
-from clusterddp.launch.observe.report import format_report
+from clusterddp.launch.observe.exits import format_root_cause
 from clusterddp.launch.observe.runlog import RunLog
 from clusterddp.launch.restart.judge import Judgement
 from clusterddp.launch.restart.verdict import rank_ends
@@ -24,12 +24,12 @@ class Telling:
         #: Where launcher.json goes; None for a launcher started by the SSH head (--watch-stdin):
         #: the head owns that file, and on a shared filesystem every host would overwrite it.
         self.launcher_dir = launcher_dir
-        #: Print the machine-readable result line (``--report-json``: for the SSH head).
+        #: Print the machine-readable result line (``--emit-result``: for the SSH head).
         self.result_lines = result_lines
 
     def report(self, code: int, result: AttemptResult, reason: str | None) -> None:
         """The closing report: the host, rank, log and last lines of the first failure."""
-        report = format_report(self.job_name, result.exits, result.root, reason if code != 0 else None)
+        report = format_root_cause(self.job_name, result.exits, result.root, reason if code != 0 else None)
         if report:
             self.console.say(report)
 

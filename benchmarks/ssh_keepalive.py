@@ -1,18 +1,18 @@
-"""What the head's heartbeat costs in steady state, and how soon it notices a cut link.
+"""What the head's keepalive costs in steady state, and how soon it notices a cut link.
 
 Each host is a network namespace with a real sshd (tests/testbed). The head opens one
 connection per host as a run does (``reach.open_client``: keepalive, ``TCP_USER_TIMEOUT`` from
 the link timeout) and a channel running ``cat >/dev/null``, a launcher that reads its stdin.
 
-Cost, two ways: the CPU time of the thread that calls ``io.heartbeat`` (paramiko encrypts and
-writes each message in the sending thread), per heartbeat per host; and the whole head
+Cost, two ways: the CPU time of the thread that calls ``io.keepalive`` (paramiko encrypts and
+writes each message in the sending thread), per keepalive per host; and the whole head
 process's CPU time (paramiko's transport threads and the kernel's work charged to it too) over
-windows with one ``io.heartbeat`` every INTERVAL s, less a window without any, per heartbeat
+windows with one ``io.keepalive`` every INTERVAL s, less a window without any, per keepalive
 per host. The second is the honest one and the noisy one on shared cores. Detection: with
-heartbeats going, one host's veth goes down; the time until its transport ends is how long
+keepalives going, one host's veth goes down; the time until its transport ends is how long
 the head takes to notice (the relay's loop sees it on its next 0.1 s turn).
 
-    sudo .venv/bin/python benchmarks/ssh_heartbeat.py [--hosts 16] [--seconds 10]
+    sudo .venv/bin/python benchmarks/ssh_keepalive.py [--hosts 16] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import paramiko  # noqa: E402
 
 from clusterddp.hostfile import entries_from_list  # noqa: E402
 from clusterddp.launch.ssh import io  # noqa: E402
-from clusterddp.launch.ssh.attempt import heartbeat_interval  # noqa: E402
+from clusterddp.launch.ssh.attempt import keepalive_interval  # noqa: E402
 from clusterddp.launch.ssh.hosts import Host, resolve_hosts  # noqa: E402
 from clusterddp.launch.ssh.io import RemoteLauncher  # noqa: E402
 from clusterddp.launch.ssh.reach import ConnectSettings, HostSession, LaunchPlan, open_client  # noqa: E402
@@ -55,14 +55,14 @@ def _hosts(lab: SSHLab) -> list[Host]:
 
 
 def cpu_over(launchers: list[RemoteLauncher], seconds: float, interval: float | None) -> tuple[float, float, int]:
-    """Over ``seconds`` with a heartbeat every ``interval`` (None: none): the head's CPU seconds,
-    the sending thread's CPU seconds inside ``io.heartbeat``, and the heartbeats each host got."""
+    """Over ``seconds`` with a keepalive every ``interval`` (None: none): the head's CPU seconds,
+    the sending thread's CPU seconds inside ``io.keepalive``, and the keepalives each host got."""
     start, cpu, sending = time.monotonic(), time.process_time(), 0.0
     deadline, beats, next_beat = start + seconds, 0, start
     while (now := time.monotonic()) < deadline:
         if interval is not None and now >= next_beat:
             before = time.thread_time()
-            io.heartbeat(launchers)
+            io.keepalive(launchers)
             sending += time.thread_time() - before
             beats += 1
             next_beat += interval
@@ -72,7 +72,7 @@ def cpu_over(launchers: list[RemoteLauncher], seconds: float, interval: float | 
 
 
 def detection(lab: SSHLab, host: Host, settings: ConnectSettings, interval: float) -> float:
-    """Seconds from cutting the host's link, heartbeats going, to its transport's end."""
+    """Seconds from cutting the host's link, keepalives going, to its transport's end."""
     launcher = _connect(host, 0, settings)
     transport = launcher.channel.get_transport()
     try:
@@ -82,7 +82,7 @@ def detection(lab: SSHLab, host: Host, settings: ConnectSettings, interval: floa
         while transport.is_active():
             now = time.monotonic()
             if now >= next_beat:
-                io.heartbeat([launcher])
+                io.keepalive([launcher])
                 next_beat = now + interval
             if now - cut > 30:
                 raise SystemExit(f"{host.name}: link cut 30 s ago and the transport is still up")
@@ -123,17 +123,17 @@ def main() -> int:
             for launcher in launchers:
                 launcher.session.close()
         print(f"{args.hosts} hosts, {args.seconds:g} s windows, median of {args.repeat}; head CPU without "
-              f"heartbeats: {1000 * statistics.median(idle_cpu) / args.seconds / args.hosts:.2f} ms/s per host")
+              f"keepalives: {1000 * statistics.median(idle_cpu) / args.seconds / args.hosts:.2f} ms/s per host")
         for interval in process:
             sent, whole = statistics.median(thread[interval]), statistics.median(process[interval])
-            print(f"heartbeat every {interval:g} s, per heartbeat per host: {1e6 * sent:.0f} us sending, "
+            print(f"keepalive every {interval:g} s, per keepalive per host: {1e6 * sent:.0f} us sending, "
                   f"{1e6 * whole:.0f} us of the whole head (runs: {', '.join(f'{1e6 * c:.0f}' for c in process[interval])})"
                   f"; for 1,000 hosts {100 * sent / interval * 1000:.1f}% / {100 * whole / interval * 1000:.1f}% of a core")
         for link_timeout in args.link_timeouts:
-            interval = heartbeat_interval(None, link_timeout)
+            interval = keepalive_interval(None, link_timeout)
             settings = ConnectSettings(timeout=10, link_timeout=link_timeout)
             seconds = [detection(lab, hosts[i % len(hosts)], settings, interval) for i in range(args.repeat)]
-            print(f"link_timeout {link_timeout:g} s (heartbeat every {interval:g} s): cut link noticed after "
+            print(f"link_timeout {link_timeout:g} s (keepalive every {interval:g} s): cut link noticed after "
                   f"{', '.join(f'{s:.2f}' for s in seconds)} s")
     return 0
 

@@ -83,7 +83,7 @@ def _error_file_lines(path: str) -> list[str]:
     return lines
 
 
-def format_report(job_name: str, exits: list[WorkerExit], root: WorkerExit | None, reason: str | None) -> str:
+def format_root_cause(job_name: str, exits: list[WorkerExit], root: WorkerExit | None, reason: str | None) -> str:
     """The human report: root cause first, then one line per other worker."""
     if root is None and reason is None:
         return ""

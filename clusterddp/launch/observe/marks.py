@@ -2,7 +2,7 @@
 
 srun exits 0 when no task launched (a SPANK plugin failing in the step: ``task 0 launch
 failed: Plugin initialization failed``), so the batch script cannot tell from srun's status
-whether a node ran a launcher at all. It hands every launcher ``--record-dir DIR`` (one
+whether a node ran a launcher at all. It hands every launcher ``--marks-dir DIR`` (one
 directory per attempt); the launcher writes ``node<R>.started`` as soon as it knows its node
 rank, and ``node<R>.exit`` with its exit status when it ends (clusterddp.protocol spells the
 names). A node without ``.started`` never ran a launcher; ``.started`` without ``.exit`` is a
@@ -21,7 +21,7 @@ from clusterddp.errors import ClusterDDPError, LaunchError
 from clusterddp.launch.observe.logs import say
 
 
-class LaunchRecord:
+class LaunchMarks:
     """This launcher's two records in ``directory`` (None: nobody asked, nothing is written)."""
 
     def __init__(self, directory: str | None, node_rank: int) -> None:
@@ -34,10 +34,10 @@ class LaunchRecord:
         if self.directory is None:
             return
         try:
-            protocol.write_record(self.directory, self.node_rank, protocol.RECORD_STARTED,
+            protocol.write_mark(self.directory, self.node_rank, protocol.MARK_STARTED,
                                   f"pid {os.getpid()} on {socket.gethostname()}\n")
         except WriteError as exc:
-            raise LaunchError(f"--record-dir: node {self.node_rank}: {exc}",
+            raise LaunchError(f"--marks-dir: node {self.node_rank}: {exc}",
                               "the batch script's record directory must be writable on every node") from None
 
     def ended(self, code: int) -> None:
@@ -46,9 +46,9 @@ class LaunchRecord:
         if self.directory is None:
             return
         try:
-            protocol.write_record(self.directory, self.node_rank, protocol.RECORD_EXIT, f"{code}\n")
+            protocol.write_mark(self.directory, self.node_rank, protocol.MARK_EXIT, f"{code}\n")
         except WriteError as exc:
-            say(f"clusterddp: warning: --record-dir: {exc}")
+            say(f"clusterddp: warning: --marks-dir: {exc}")
 
 
 def exit_code_of(exc: BaseException) -> int:
