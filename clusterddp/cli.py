@@ -449,106 +449,11 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """``clusterddp run``: the job fanned out over SSH, or run on this node; the launcher's exit code."""
-    from clusterddp.launch.options import wants_fanout
+    """``clusterddp run``: the job fanned out over SSH, or run on this node (``launch.run``);
+    the launcher's exit code."""
+    from clusterddp.launch.run import run
 
-    from clusterddp.registry.detach import DETACHED_ENV
-
-    job = _load(args)
-    options = run_options(args)
-    console = os.environ.pop(DETACHED_ENV, None)  # this is the detached launcher: never detach again
-    if job.detach and console is None and not options.dry_run:
-        return _detach(job, options, args.argv)
-    if wants_fanout(job, options):
-        from clusterddp.launch.ssh.fanout import fanout_options, run_fanout
-
-        if options.dry_run:
-            return run_fanout(job, fanout_options(options))
-        options = _with_run_id(job, options)
-        return _tracked("ssh", job, options, lambda: run_fanout(job, fanout_options(options)), hosts=[])
-    from clusterddp.launch.local import run_local
-
-    if not _records_itself(job, options):  # a node of a bigger run: whoever started it records it
-        return run_local(job, options, dict(os.environ))
-    options = _with_run_id(job, options)
-    return _tracked("local", job, options, lambda: run_local(job, options, dict(os.environ)), console=console)
-
-
-def _detach(job: JobSpec, options: RunOptions, argv: list[str]) -> int:
-    """``run --detach``: the same run started again in its own session (clusterddp.registry.detach);
-    back once every rank runs, or with the launcher's own refusal when it ended first."""
-    from clusterddp.launch.options import wants_fanout
-    from clusterddp.registry import detach
-
-    if wants_fanout(job, options):
-        raise ClusterDDPError(f"{job.where('detach')}: an SSH run cannot detach yet (local runs only)",
-                              "leave out --detach (or detach: true) for a hostfile run")
-    if not _records_itself(job, options):
-        raise ClusterDDPError(f"{job.where('detach')}: only a run this machine starts alone can detach, "
-                              "not a node placed by flags or a scheduler")
-    options = _with_run_id(job, options)
-    run_id = str(options.run_id)
-    name = {row.dest: row.name for row in flags.RUN_FLAGS}  # the flags as their rows spell them
-    own, script = (argv[1:], []) if "--" not in argv else (argv[1:argv.index("--")], argv[argv.index("--"):])
-    child = [sys.executable, "-m", "clusterddp", "run", *[a for a in own if a != name["detach"]],
-             name["run_id"], run_id, *script]
-    run_dir = os.path.abspath(os.path.join(job.logs.dir, run_id))
-    proc, console = detach.start(child, run_dir, os.environ)
-    if not detach.wait_running(proc, run_id, run_dir):
-        with open(console, "rb") as f:  # its own refusal, as 'run' would have printed it
-            sys.stderr.write(f.read(1 << 16).decode("utf-8", "replace"))
-        return proc.returncode
-    print(run_id)
-    print(f"clusterddp: run {run_id} detached (launcher pid {proc.pid}), every rank running; its console: "
-          f"{console}\n  clusterddp attach {run_id}    # its console from the first line, then follow "
-          f"(Ctrl-C leaves it running)\n  clusterddp ls | status {run_id} | logs {run_id} [-f] | stop {run_id}",
-          file=sys.stderr)
-    return 0
-
-
-def _records_itself(job: JobSpec, options: RunOptions) -> bool:
-    """A run typed here on this one machine (not a dry run, not a node the SSH head, the
-    sbatch script or a flag placed, not under a scheduler): it goes into the run registry."""
-    if options.dry_run or options.watch_stdin or options.marks_dir is not None or options.overrides(job).any_given:
-        return False
-    from clusterddp.envs import detect
-
-    return detect(dict(os.environ), options.overrides(job)).name == "local"
-
-
-def _with_run_id(job: JobSpec, options: RunOptions) -> RunOptions:
-    """The run id fixed here, before the launch, so the record names the run's directory."""
-    from dataclasses import replace
-
-    from clusterddp.topology import default_run_id
-
-    return replace(options, run_id=options.run_id or default_run_id(job.name))
-
-
-def _tracked(target: str, job: JobSpec, options: RunOptions, start: Callable[[], int],
-             hosts: list[str] | None = None, console: str | None = None) -> int:
-    """``start()`` recorded in the run registry: once when it starts, once when it ends
-    (whatever ends it: its exit code, a stop signal, a refusal)."""
-    from clusterddp.registry import track
-
-    run_id = str(options.run_id)
-    record = track.begin(target, run_id, job.name, os.path.join(job.logs.dir, run_id),
-                         job_file=job.source, hosts=hosts, console=console or "", detached=console is not None)
-    code = 1
-    try:
-        code = start()
-        return code
-    except earlystop.StoppedEarly as exc:
-        code = 128 + exc.signum
-        raise
-    except ClusterDDPError as exc:
-        code = exc.exit_code
-        raise
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
-        raise
-    finally:
-        track.end(record, code, _goodput(record.run_dir) if record is not None else None)
+    return run(_load(args), run_options(args), args.argv, os.environ, _goodput)
 
 
 def _goodput(run_dir: str) -> float | None:

@@ -3,7 +3,9 @@ them, and say what happened; on this node or, through ``ssh/``, on every host of
 
 Where to look, by what you are after (each package's ``__init__`` maps its modules):
 
-- ``local``: ``run_local``, ``clusterddp run`` on one node: detect, resolve, plan, supervise
+- ``run``: ``clusterddp run``: where a run goes (the fan-out or this node), detached or not, and
+  its record in the run registry
+- ``local``: ``run_local``, ``clusterddp run`` on one node: plan, check, supervise
 - ``options``, ``flags``: the run's options records and the table of run flags (leaves)
 - ``doctor``: ``clusterddp doctor``, a fan-out run with a built-in worker
 - ``start/``: from the job to running workers: plan, environment, bootstrap, warm start
@@ -15,6 +17,7 @@ Where to look, by what you are after (each package's ``__init__`` maps its modul
 
 A package imports only the ones below it, never up (tests/core/test_layers.py keeps it)::
 
+    run
     local  doctor
     ssh
     supervise

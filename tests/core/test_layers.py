@@ -243,6 +243,7 @@ LAUNCH_ORDER: tuple[frozenset[str], ...] = (
     frozenset({"supervise"}),
     frozenset({"ssh"}),
     frozenset({"local", "doctor"}),
+    frozenset({"run"}),
 )
 #: The most modules a package of ``launch`` holds: a newcomer reads its map at a glance.
 PACKAGE_LIMIT = 12
