@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING, Mapping
 
@@ -21,7 +20,6 @@ from clusterddp.topology import Topology, check_master_port_free
 
 if TYPE_CHECKING:  # imported when needed: the zygote starts before the supervisor's imports (_run_placed)
     from clusterddp.launch.start.workers import WorkerPlan
-    from clusterddp.launch.supervise.supervisor import SupervisorOptions
 
 
 def run_local(job: JobSpec, options: RunOptions, env: Mapping[str, str]) -> int:
@@ -63,49 +61,15 @@ def _run_placed(node: NodePlan, options: RunOptions, env: Mapping[str, str]) -> 
             warm.prestart_for(plans[0].argv[0], plans[0].env.build(topology.first_attempt), node.job.preload,
                               plans[0].log)
         planning.prepare_logs(plans, keep=bool(topology.restart_count))
-        supervision = supervisor_options(node, options)
         # imported here, once the zygote imports torch beside it: the supervisor's modules
         # are most of the launcher's own start-up (docs/warm-start.md: `warm.prestart`)
-        from clusterddp.launch.supervise.supervisor import LocalSupervisor
+        from clusterddp.launch.supervise.supervisor import LocalSupervisor, supervisor_options
 
-        return LocalSupervisor(topology, plans, supervision,
+        return LocalSupervisor(topology, plans, supervisor_options(node, options),
                                relayout=lambda moved: _moved_plans(node, options, moved, env, locks)).run()
     finally:
         warm.drop_prestarted()
         locks.release()
-
-
-def supervisor_options(node: NodePlan, options: RunOptions) -> SupervisorOptions:
-    from clusterddp.launch.supervise.supervisor import SupervisorOptions
-
-    job, topology = node.job, node.topology
-    return SupervisorOptions(
-        job_name=job.name,
-        grace_period=job.grace_period,
-        # Restarted as a whole from outside (--restart-count, OpenPAI's job retry): this
-        # node alone never restarts, its peers would not come back with it.
-        restarts=job.restarts if topology.restart_count is None else 0,
-        first_attempt=topology.first_attempt,
-        forward_signals=tuple(getattr(signal, name) for name in job.forward_signals),
-        console_ranks=frozenset(job.logs.ranks) if job.logs.ranks is not None else None,
-        prefix=job.logs.prefix,
-        merge=job.logs.merge,
-        watch_stdin=options.watch_stdin,
-        keepalive_timeout=options.keepalive_timeout,
-        emit_result=options.emit_result,
-        await_restart=options.await_restart,
-        hang_timeout=job.hang_timeout,
-        run_dir=node.run_dir,
-        restart_on=job.restart_on,
-        restarted_outside=topology.restart_count is not None,
-        warm_start=node.warm,
-        preload=job.preload,
-        # Under the batch script (--marks-dir, --restart-count) with restarts left: the
-        # launchers of the srun step restart in place (restart/stepcoord.py).
-        step_dir=options.marks_dir if topology.restart_count is not None
-        and topology.restart_count < job.restarts else None,
-        job_restarts=job.restarts,
-    )
 
 
 def _moved_plans(node: NodePlan, options: RunOptions, moved: Topology, env: Mapping[str, str],

@@ -57,9 +57,10 @@ def records_itself(job: JobSpec, options: RunOptions, fanout: bool, env: Mutable
         return False
     if fanout:
         return True
-    if options.watch_stdin or options.marks_dir is not None or options.overrides(job).any_given:
+    overrides = options.overrides(job)
+    if options.watch_stdin or options.marks_dir is not None or overrides.any_given:
         return False
-    return detect(dict(env), options.overrides(job)).name == "local"
+    return detect(dict(env), overrides).name == "local"
 
 
 def start_detached(job: JobSpec, options: RunOptions, argv: list[str], fanout: bool, recorded: bool) -> int:

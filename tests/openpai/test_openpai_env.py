@@ -264,7 +264,7 @@ def test_framework_attempt_is_the_restart_count_with_a_note() -> None:
 def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Path) -> None:
     """Under OpenPAI attempt 2 every planned worker has TORCHELASTIC_RESTART_COUNT=2 and the
     supervisor restarts nothing (restarts: 3 is OpenPAI's); --restart-count still wins."""
-    from clusterddp.launch.local import supervisor_options
+    from clusterddp.launch.supervise.supervisor import supervisor_options
     from clusterddp.launch.options import RunOptions
     from clusterddp.launch.start.node import plan_node
 
@@ -284,7 +284,7 @@ def test_workers_get_the_attempt_and_the_node_never_restarts_alone(tmp_path: Pat
 
 def test_outside_openpai_the_nodes_own_restarts_still_apply() -> None:
     """Placed by hand (no scheduler restarting the job), restarts: 3 restarts the local group."""
-    from clusterddp.launch.local import supervisor_options
+    from clusterddp.launch.supervise.supervisor import supervisor_options
     from clusterddp.launch.options import RunOptions
     from clusterddp.launch.start.node import plan_node
 

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from clusterddp.envs import Overrides, detect
+from clusterddp.envs import detect
 from clusterddp.errors import LaunchError
 from clusterddp.launch.options import RunOptions
 from clusterddp.launch.start import plan as planning
@@ -57,22 +57,15 @@ def plan_node(job: JobSpec, options: RunOptions, env: Mapping[str, str], cwd: st
                           "both are set by the SSH head; leave them out when starting a node by hand")
     patience = master_wait(env)
     overrides = options.overrides(job)
-    topology, relaunch = resolve_here(job, overrides, env, options.workers_per_node, options.restart_count)
+    environment = detect(env, overrides)
+    # The command that started us, runnable on another node: not '.../__main__.py' (what
+    # sys.argv[0] is under 'python -m clusterddp'), but this interpreter with -m clusterddp.
+    relaunch = environment.relaunch([sys.executable, "-m", "clusterddp", *sys.argv[1:]])
+    topology = resolve(job, environment.placement(), env, master_port=overrides.master_port,
+                       nnodes=overrides.nnodes, node_workers=options.workers_per_node,
+                       restart_count=options.restart_count)
     return NodePlan(job=job, topology=topology, plans=planning.worker_plans(job, topology, env, cwd),
                     relaunch=relaunch, cwd=cwd, run_dir=planning.run_dir(job, topology, cwd),
                     warm=warm.wanted(job.warm_start, job.entry_argv(), planning.workdir(job, cwd), job.preload),
                     patience=patience, port_chosen=bool(overrides.master_port or job.master.port))
 
-
-def resolve_here(job: JobSpec, overrides: Overrides, env: Mapping[str, str],
-                 node_workers: tuple[int, ...] | None = None,
-                 restart_count: int | None = None) -> tuple[Topology, list[str] | None]:
-    """This node's topology, and the command to exec instead when the environment asks."""
-    environment = detect(env, overrides)
-    # The command that started us, runnable on another node: not '.../__main__.py' (what
-    # sys.argv[0] is under 'python -m clusterddp'), but this interpreter with -m clusterddp.
-    relaunch = environment.relaunch([sys.executable, "-m", "clusterddp", *sys.argv[1:]])
-    placement = environment.placement()
-    topology = resolve(job, placement, env, master_port=overrides.master_port, nnodes=overrides.nnodes,
-                       node_workers=node_workers, restart_count=restart_count)
-    return topology, relaunch

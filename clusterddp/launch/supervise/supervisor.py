@@ -21,11 +21,13 @@ from clusterddp.events import EventLog
 from clusterddp.launch.observe.logs import ConsoleSink
 from clusterddp.launch.observe.peers import shared_run_dir
 from clusterddp.launch.observe.runlog import RunLog
+from clusterddp.launch.options import RunOptions
 from clusterddp.launch.restart.coordinate import AttemptEnded, Coordinator, next_place
 from clusterddp.launch.restart.judge import AttemptFacts, Judgement, judge
 from clusterddp.launch.restart.policy import AttemptEnd, RestartPolicy, exit_code
 from clusterddp.launch.restart.stepcoord import StepCoordinator
 from clusterddp.launch.restart.verdict import Failure, rank_ends
+from clusterddp.launch.start.node import NodePlan
 from clusterddp.launch.start.warm import WarmStart
 from clusterddp.launch.start.workers import TEARDOWN_SLACK, WorkerGroup, WorkerPlan
 from clusterddp.launch.supervise.attempt import AttemptResult, AttemptRun
@@ -80,6 +82,39 @@ class SupervisorOptions:
     step_dir: str | None = None
     #: The job's ``restarts`` (the step's whole-job restarts; ``restarts`` is this node's own).
     job_restarts: int = 0
+
+
+def supervisor_options(node: NodePlan, options: RunOptions) -> SupervisorOptions:
+    """How to supervise this node's workers, from its plan and the run's options."""
+    job, topology = node.job, node.topology
+    return SupervisorOptions(
+        job_name=job.name,
+        grace_period=job.grace_period,
+        # Restarted as a whole from outside (--restart-count, OpenPAI's job retry): this
+        # node alone never restarts, its peers would not come back with it.
+        restarts=job.restarts if topology.restart_count is None else 0,
+        first_attempt=topology.first_attempt,
+        forward_signals=tuple(getattr(signal, name) for name in job.forward_signals),
+        console_ranks=frozenset(job.logs.ranks) if job.logs.ranks is not None else None,
+        prefix=job.logs.prefix,
+        merge=job.logs.merge,
+        watch_stdin=options.watch_stdin,
+        keepalive_timeout=options.keepalive_timeout,
+        emit_result=options.emit_result,
+        await_restart=options.await_restart,
+        hang_timeout=job.hang_timeout,
+        run_dir=node.run_dir,
+        restart_on=job.restart_on,
+        restarted_outside=topology.restart_count is not None,
+        warm_start=node.warm,
+        preload=job.preload,
+        # Under the batch script (--marks-dir, --restart-count) with restarts left: the
+        # launchers of the srun step restart in place (restart/stepcoord.py).
+        step_dir=options.marks_dir if topology.restart_count is not None
+        and topology.restart_count < job.restarts else None,
+        job_restarts=job.restarts,
+    )
+
 
 
 @dataclass(frozen=True)
