@@ -147,10 +147,21 @@ class Store:
                 raise StoreError("a file arrived damaged (its hash does not check)")
             os.chmod(tmp, 0o555 if key.endswith(".x") else 0o444)
             os.utime(tmp, ns=(SENTINEL_NS, SENTINEL_NS))
-            os.replace(tmp, final)
-        except BaseException:
+            self._settle(tmp, final, key, size)
+        finally:
             _remove(tmp)
-            raise
+
+    def _settle(self, tmp: str, final: str, key: str, size: int) -> None:
+        """``tmp`` becomes the blob unless a whole one is already there (another job's, that
+        arrived meanwhile): a blob's inode never changes under a tree linked to it."""
+        for _ in range(3):
+            try:
+                os.link(tmp, final)
+                return
+            except FileExistsError:
+                if self.blob_ok(key, size):  # removes a damaged one: link again
+                    return
+        raise StoreError("cannot store a blob in the cache (it keeps changing)")
 
     def tree_ok(self, digest: str, entries: List[Entry]) -> bool:
         """Whether ``trees/DIGEST`` is whole: every file a hard link to its blob, every blob

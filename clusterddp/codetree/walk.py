@@ -127,10 +127,14 @@ def guard(found: list[tuple[str, bytes, os.stat_result]], max_bytes: int) -> Non
         if "/" in rel and stat.S_ISREG(st.st_mode):
             top = rel.split("/", 1)[0] + "/"
             tops[top] = tops.get(top, 0) + st.st_size
-    dirs = sorted(((size, name) for name, size in tops.items()), reverse=True)[:2]
-    biggest = ", ".join(f"{_shown(name)} {_mb(size)}" for size, name in sorted(files + dirs, reverse=True))
-    raise CodeTreeError(f"the code tree is {_mb(total)}, over code.max_mb ({_mb(max_bytes)}); biggest: {biggest} "
-                        "(hint: exclude data and outputs in code.exclude or .gitignore, or raise code.max_mb)")
+    # a directory that is only its listed file says nothing more
+    dirs = sorted(((size, name) for name, size in tops.items()
+                   if not any(rel.startswith(name) and fsize == size for fsize, rel in files)), reverse=True)[:2]
+    biggest = ", ".join(f"{_shown(name)} {_mb(size)}" for size, name in files)
+    within = ("; directories: " + ", ".join(f"{_shown(name)} {_mb(size)}" for size, name in dirs)) if dirs else ""
+    raise CodeTreeError(f"the code tree is {_mb(total)}, over code.max_mb ({_mb(max_bytes)}); biggest: {biggest}"
+                        f"{within} (hint: exclude data and outputs in code.exclude or .gitignore, or raise "
+                        "code.max_mb)")
 
 
 def hash_file(path: bytes, rel: str) -> tuple[int, str]:
@@ -156,7 +160,10 @@ def hash_file(path: bytes, rel: str) -> tuple[int, str]:
 
 
 def _mb(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB" if size < 2**30 else f"{size / 2**30:.1f} GiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def _shown(name: str) -> str:
