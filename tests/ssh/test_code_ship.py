@@ -152,3 +152,37 @@ def test_a_tree_that_does_not_check_fails_that_host_with_one_line(private_lab: t
     for host in lab.hosts:
         assert re.search(rf"{host.name} .*code tree not stored: ", errors), head.output()
     assert not shipped(head)
+
+
+def test_a_link_cut_mid_transfer_fails_that_host_and_leaves_no_tree(private_lab: tuple[SSHLab, Path, Path]) -> None:
+    """The link of one host goes down while a big file is on its way there (seen as the store's
+    temporary file in that host's cache): that host fails preflight in one line, nothing starts,
+    and it holds no tree; once the link is back, the next run completes the tree."""
+    lab, job_dir, cache = private_lab
+    (job_dir.parent / "hostfile").write_text(lab.hostfile.read_text())
+    job = write_tree(lab, job_dir, cache)
+    (job_dir / "weights.bin").write_bytes(os.urandom(256 << 20))
+    victim = lab.hosts[1]
+    head = run(job)
+    try:
+        while True:  # wait for the file to be on its way (no time limit of ours: the head's own)
+            found = subprocess.run(["nsenter", f"--target={victim.sshd_pid}", "--mount", "find", str(cache),
+                                    "-name", ".in-*", "-size", "+1M"], capture_output=True, text=True).stdout
+            if found.strip() or head.proc.poll() is not None:
+                break
+        assert head.proc.poll() is None, "the shipment ended before the link could be cut:\n" + head.output()
+        lab.cut(victim)
+        assert head.finish() == 2, head.output()
+    finally:
+        lab.restore(victim)
+    errors = "\n".join(head.stderr)
+    assert "preflight failed on 1 of 2 hosts; nothing was started" in errors, head.output()
+    problem = [line for line in head.stderr if line.strip().startswith(victim.name)]
+    assert len(problem) == 1 and "code tree: connection lost during the transfer" in problem[0], head.output()
+    assert not shipped(head)
+    trees = subprocess.run(["nsenter", f"--target={victim.sshd_pid}", "--mount", "ls", "-A", f"{cache}/trees"],
+                           capture_output=True, text=True).stdout.split()
+    assert [t for t in trees if not t.startswith(".")] == [], trees
+    again = run(job)
+    assert again.finish() == 0, again.output()
+    print(problem[0])

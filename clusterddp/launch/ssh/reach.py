@@ -399,6 +399,10 @@ def _ship(session: HostSession, code: CodePlan, python: str, timeout: float) -> 
         shipped = ship(channel, code.tree, code.cache)
     except socket.timeout:
         raise ShipError(f"code tree: no answer from the host's cache within {timeout:.0f}s") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise ShipError(f"code tree: connection lost during the transfer ({why}); the host keeps no tree "
+                        "from it") from None
     finally:
         channel.close()
     session.code_root, session.code_sent = shipped.path, shipped.sent
