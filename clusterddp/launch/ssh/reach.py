@@ -357,7 +357,7 @@ def _start(session: HostSession, settings: ConnectSettings, python: str, request
            timeout: float, code: CodePlan | None = None) -> None:
     session.client = open_client(session.host, settings)
     if code is not None:
-        _ship(session, code, python, timeout)
+        ship_code(session, code, python, timeout)
         request = {**request, "cwd": session.remote_path(request["cwd"], code),
                    "paths": [session.remote_path(p, code) for p in request["paths"]]}
     channel = session.client.get_transport().open_session()  # type: ignore[union-attr]
@@ -387,7 +387,7 @@ def _start(session: HostSession, settings: ConnectSettings, python: str, request
     channel.settimeout(None)
 
 
-def _ship(session: HostSession, code: CodePlan, python: str, timeout: float) -> None:
+def ship_code(session: HostSession, code: CodePlan, python: str, timeout: float) -> None:
     """The code tree into the host's cache over a channel of its connection (a stream to
     ``codetree.store``: two round trips whatever the tree, see there why not SFTP); the tree
     is used only when the host answers with its hash (``ShipError`` otherwise: one line)."""
