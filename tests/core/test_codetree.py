@@ -211,9 +211,14 @@ def test_only_missing_blobs_travel_and_a_damaged_cache_is_repaired(tmp_path: Pat
     again = send(tree, cache)
     assert again.sent == 200
     assert Path(again.path, "b", "b.py").read_bytes() == b"b" * 200
-    # a blob removed from under a tree (a cleaned cache): the tree is rebuilt
+    # a file removed from a tree: the tree is rebuilt from the cache, nothing travels
+    Path(again.path, "a.py").unlink()
+    assert send(tree, cache).sent == 0
+    assert Path(again.path, "a.py").read_bytes() == b"A" * 100
+    # ... and when its blob went too (a cleaned cache), that file travels again
     blob = next(p for p in (cache / "blobs").rglob("*") if p.is_file() and p.read_bytes() == b"#!/bin/sh\n")
     blob.unlink()
+    Path(again.path, "run.sh").unlink()
     assert send(tree, cache).sent == 10
     assert Path(again.path, "run.sh").read_bytes() == b"#!/bin/sh\n"
 
