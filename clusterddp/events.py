@@ -37,6 +37,7 @@ MAX_FIELD = 240
 #: The kinds written by clusterddp itself (other kinds are read back as they are).
 KINDS = (
     "run_start",      # the launcher (or head) started: job, ranks, restarts allowed
+    "code",           # the SSH head shipped the code tree: its hash, git commit, dirty, diff file
     "attempt_start",  # an attempt's workers are being started
     "first_step",     # the attempt's first completed step (from the ranks' progress files)
     "phase",          # a rank entered ("start") or left ("end") a phase: checkpoint, eval, ...

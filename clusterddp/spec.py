@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping, Union
 from clusterddp import validate
 from clusterddp.affinity import Mode as CpuAffinity
 from clusterddp.errors import JobSpecError
+from clusterddp.sections.code import CodeSpec
 from clusterddp.sections.container import ContainerSpec
 from clusterddp.sections.kubernetes import KubernetesSpec
 from clusterddp.sections.openpai import OpenPAISpec
@@ -148,6 +149,8 @@ class JobSpec:
     kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
     #: The image the job runs in on every target (docs/containers.md); absent: bare processes.
     container: ContainerSpec = field(default_factory=ContainerSpec)
+    #: The code tree the SSH head ships to every host (sections/code.py); absent: shared paths.
+    code: CodeSpec = field(default_factory=CodeSpec)
     #: Set by load_job, not by the YAML: the file it came from and its directory.
     source: str | None = field(default=None, compare=False, metadata={INTERNAL: True})
     base_dir: str = field(default=".", compare=False, metadata={INTERNAL: True})
@@ -212,6 +215,12 @@ class JobSpec:
         if os.path.isabs(self.script) or self.source is None:
             return self.script
         return os.path.normpath(os.path.join(self.base_dir, self.script))
+
+    def code_dir(self) -> str | None:
+        """``code.dir`` as an absolute path (relative ones from the job file's directory)."""
+        if self.code.dir is None:
+            return None
+        return os.path.abspath(os.path.join(self.base_dir, os.path.expanduser(self.code.dir)))
 
     def with_overrides(self, **changes: Any) -> "JobSpec":
         """A copy with CLI overrides applied (values of None are ignored)."""

@@ -211,10 +211,38 @@ def _short(value: Any) -> str:
     return clip(value if isinstance(value, str) else json.dumps(value), 100)
 
 
+#: Lines of a shipped tree's uncommitted diff the report shows (the file has all of it).
+DIFF_LINES = 40
+
+
+def code_lines(run_dir: str, events: list[dict[str, Any]]) -> list[str]:
+    """The code a run used (the SSH head's ``code`` event): tree hash, git commit, and the
+    uncommitted diff it kept beside the log (scrubbed when written), its first lines."""
+    code = next((e for e in events if e.get("kind") == "code"), None)
+    if code is None:
+        return []
+    commit = clip(str(code.get("git_commit") or "none (not a git work tree)"), 60)
+    lines = [f"code: tree {clip(str(code.get('tree')), 64)}, git commit {commit}"
+             + (", with uncommitted changes" if code.get("dirty") else "")]
+    name = code.get("diff")
+    if isinstance(name, str) and os.path.basename(name) == name and name:
+        try:
+            with open(os.path.join(run_dir, name), encoding="utf-8", errors="replace") as f:
+                diff = f.read().splitlines()
+        except OSError:
+            diff = []
+        lines.append(f"  uncommitted diff ({len(diff)} lines, {os.path.join(run_dir, name)}):")
+        lines.extend(f"    {clip(line, 200)}" for line in diff[:DIFF_LINES])
+        if len(diff) > DIFF_LINES:
+            lines.append(f"    ... {len(diff) - DIFF_LINES} more lines")
+    return lines
+
+
 def render(result: Goodput, events: list[dict[str, Any]]) -> str:
     """The human report: timeline, then the breakdown with its sum against the wall clock."""
     lines = [f"run {clip(os.path.basename(os.path.normpath(result.run_dir)))} ({clip(result.run_dir)}), started "
              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(result.start))}, {result.attempts} attempt(s)"]
+    lines.extend(code_lines(result.run_dir, events))
     lines.append("timeline:")
     lines.extend(timeline_line(e, result.start) for e in events)
     if not result.finished:

@@ -14,6 +14,7 @@ imports no launch module.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -114,6 +115,11 @@ def run_id_problem(value: str) -> str | None:
     return validate.token_problem(value, "a run id")
 
 
+def _absolute(path: str) -> str:
+    """A flag's path is the caller's, from the current directory (a job key's, from the job file)."""
+    return os.path.abspath(path)
+
+
 def rank_list(value: frozenset[int]) -> str:
     """``--log-ranks`` as text again, for a remote launcher: ``0,1,3``."""
     return ",".join(str(rank) for rank in sorted(value))
@@ -190,6 +196,8 @@ RUN_FLAGS: tuple[Flag, ...] = (
          text(validate.path_problem), variable=True),
     Flag("--include", FANOUT, "only these hosts (repeatable)", text(validate.path_problem), repeat=True),
     Flag("--exclude", FANOUT, "not these hosts (repeatable)", text(validate.path_problem), repeat=True),
+    Flag("--code", FANOUT, "ship this directory's tree to every host and run there (code.dir)",
+         text(validate.path_problem), job_key="code.dir", to_job=_absolute, metavar="DIR"),
     Flag("--dry-run", SUPERVISION, "print ranks, commands and env; start nothing"),
     Flag("--detach", SUPERVISION, "return once every rank runs; the run goes on in its own session, its "
          "console in logs/<run-id>/console.log ('clusterddp attach RUN'; local runs only)", job_key="detach"),

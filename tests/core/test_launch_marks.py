@@ -31,7 +31,7 @@ def test_a_launcher_that_fails_after_placing_itself_records_its_exit_status(tmp_
     assert (records / "node0.exit").read_text() == "2\n"
 
 
-def test_an_unwritable_record_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_an_unwritable_marks_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """--marks-dir under a regular file: one error line naming the option, exit 2, no worker started."""
     (tmp_path / "file").write_text("")
     job = write_job(tmp_path, script="exit_with.py", args=["0"], nproc_per_node=1)

@@ -64,7 +64,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"topology", "envs", "spec", "specload", "sections", "hostfile", "registry"}),
     frozenset({"errors", "exitcodes", "devices", "hostlist", "protocol", "validate", "redact", "affinity",
                "templates", "stackreport", "hang", "netperf", "atomicfile", "clusterddp", "pack",
-               "progress", "events", "straggler", "procid", "earlystop", "sigstart"}),
+               "progress", "events", "straggler", "procid", "earlystop", "sigstart", "codetree"}),
 )
 #: The command layer: its units never import each other.
 INDEPENDENT = LAYERS[2]

@@ -12,7 +12,10 @@ generated ``ssh_config`` maps host names to addresses (names are never resolved 
 the system resolver) and a ``known_hosts`` file lists every host key, so paramiko and
 OpenSSH both run with strict host-key checking. Hosts share the PID space and the
 filesystem, like nodes with a shared NFS home; "what runs on host K" is answered by each
-process's ``/proc/PID/ns/net``.
+process's ``/proc/PID/ns/net``. ``ssh_lab(n, private=[DIR, ...])`` takes that sharing away
+for those directories: each host's sshd (and so everything a login starts) runs in its own
+mount namespace already, and there an empty tmpfs is mounted over each DIR, so a host sees
+neither the head's files there nor another host's (a cluster without a shared filesystem).
 
 One lab at a time per machine: ``ssh_lab`` holds an exclusive lock on ``/run/cdssh.lock``
 for its whole life, and first removes what a crashed earlier lab may have left (namespaces
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -97,6 +101,8 @@ class SSHLab:
     client_key: Path
     hostfile: Path
     _cut: set[str] = field(default_factory=set)
+    #: Directories each host sees as its own empty tmpfs (``ssh_lab(private=...)``).
+    private: tuple[str, ...] = ()
 
     def host(self, name_or_index: str | int) -> LabHost:
         """A host by name (``cdssh3``) or by 0-based index."""
@@ -163,7 +169,7 @@ class SSHLab:
         old = self.hosts[index].sshd_pid
         if old in self.processes(host, include_sshd=True):  # still running, and not a PID reused elsewhere
             namespaces.terminate([old])
-        restarted = replace(host, sshd_pid=_start_sshd(self.root, host.name))
+        restarted = replace(host, sshd_pid=_start_sshd(self.root, host.name, self.private))
         self.hosts[index] = restarted
         _wait_listening([restarted], self.root / "hosts")
         return restarted
@@ -182,11 +188,13 @@ def lab_unavailable_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None) -> Iterator[SSHLab]:
+def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None,
+            private: Sequence[str] = ()) -> Iterator[SSHLab]:
     """Bring up ``n_hosts`` sshd hosts on a bridge; tear everything down on exit.
 
     Hosts are ``cdssh1..N`` at ``10.78.0.2..N+1``; the head (this process, in the root
     namespace) is ``10.78.0.1``. ``lab.hostfile`` lists the host names, one per line.
+    ``private``: existing directories each host sees as its own empty tmpfs (module docstring).
     """
     if not 1 <= n_hosts <= MAX_HOSTS:
         raise ValueError(f"n_hosts must be 1..{MAX_HOSTS}, got {n_hosts}")
@@ -196,7 +204,7 @@ def ssh_lab(n_hosts: int, workdir: str | os.PathLike[str] | None = None) -> Iter
     sshd_pids: list[int] = []
     with namespaces.scratch_dir("cdssh-lab-", workdir) as root, namespaces.exclusive(LOCK_FILE, remove_leftovers):
         try:
-            yield _bring_up(n_hosts, root, sshd_pids)
+            yield _bring_up(n_hosts, root, sshd_pids, tuple(os.path.abspath(p) for p in private))
         finally:
             # Only the ones still in a host: a test or benchmark that killed a host's sshd left
             # its PID free for any process on the machine (and a restarted sshd is a leftover).
@@ -209,7 +217,7 @@ def remove_leftovers() -> None:
     namespaces.remove_leftovers(PREFIX, grace=LEFTOVER_GRACE)
 
 
-def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
+def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int], private: tuple[str, ...] = ()) -> SSHLab:
     hosts_dir = root / "hosts"
     hosts_dir.mkdir()
     client_key = root / "client_key"
@@ -238,7 +246,7 @@ def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
         (host_dir / "sshd_config").write_text(SSHD_CONFIG.format(
             ip=ip, host_key=host_dir / "ssh_host_ed25519_key", pidfile=host_dir / "sshd.pid",
             authorized_keys=authorized))
-        pid = _start_sshd(root, name)
+        pid = _start_sshd(root, name, private)
         sshd_pids.append(pid)
         hosts.append(LabHost(name=name, ip=ip, netns=name, veth=namespaces.veth_name(PREFIX, k), sshd_pid=pid))
 
@@ -246,21 +254,24 @@ def _bring_up(n_hosts: int, root: Path, sshd_pids: list[int]) -> SSHLab:
     known_hosts.write_text("".join(
         f"{h.name},{h.ip} {_public_key(hosts_dir / h.name / 'ssh_host_ed25519_key.pub')}\n" for h in hosts))
     lab = SSHLab(root=root, hosts=hosts, ssh_config=root / "ssh_config", known_hosts=known_hosts,
-                 client_key=client_key, hostfile=root / "hostfile")
+                 client_key=client_key, hostfile=root / "hostfile", private=private)
     lab.write_ssh_config(lab.ssh_config, hosts)
     lab.hostfile.write_text("".join(f"{h.name}\n" for h in hosts))
     _wait_listening(hosts, hosts_dir)
     return lab
 
 
-def _start_sshd(root: Path, name: str) -> int:
+def _start_sshd(root: Path, name: str, private: Sequence[str] = ()) -> int:
     """Start host ``name``'s sshd from its files under ``root``; returns its PID (not waited for).
 
     It runs in its own UTS and mount namespaces: the hostname is the host's name and
-    /etc/hosts the lab's, so a host resolves every other host by name, as on a cluster.
+    /etc/hosts the lab's, so a host resolves every other host by name, as on a cluster; each
+    ``private`` directory is a tmpfs of its own there (``unshare --mount`` makes the new
+    namespace's mounts private: nothing mounted there propagates back).
     """
     host_dir = root / "hosts" / name
-    script = (f"hostname {name} && mount --bind {root / 'etc_hosts'} /etc/hosts && "
+    hide = "".join(f"mount -t tmpfs -o size=512m,mode=0755 cdship {shlex.quote(p)} && " for p in private)
+    script = (f"hostname {name} && mount --bind {root / 'etc_hosts'} /etc/hosts && {hide}"
               f"exec {SSHD} -D -e -f {host_dir / 'sshd_config'}")
     with open(host_dir / "sshd.log", "ab") as log:
         proc = subprocess.Popen(["nsenter", f"--net={NETNS_DIR}/{name}", "unshare", "--uts", "--mount",

@@ -143,7 +143,7 @@ class HeadLoop:
         #: The head's stop signals (``run_fanout`` installs it; a loop in a thread runs without).
         self.stop = Stop()
         self.run_dir = Path(launch.job.logs.dir) / launch.run_id
-        self.gatherer = Gatherer(os.path.join(launch.cwd, launch.job.logs.dir, launch.run_id), self.run_dir,
+        self.gatherer = Gatherer(os.path.join(launch.job.logs.dir, launch.run_id), self.run_dir,
                                  launch.console, launch.settings.timeout)
         self.head_lock = runlock.RankLocks()
         self.log = HeadLog(launch.job)
@@ -248,6 +248,8 @@ class HeadLoop:
         hosts = [p.host for p in start.plans]
         world = sum(p.nproc for p in start.plans)
         self.log.open(str(self.run_dir), hosts)
+        if number == 0 and launch.code is not None:
+            self.log.code_shipped(launch.code, [p.cwd for p in start.plans])
         self.log.attempt_started(number, hosts, world)
         began = time.monotonic()
         self.outcome = run_attempt(launch, start, number, self.stop, self.gatherer, self.log, in_place=self.in_place)

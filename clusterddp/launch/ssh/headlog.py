@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterddp.atomicfile import WriteError, write_atomically
+from clusterddp.codetree.transfer import CodePlan
 from clusterddp.events import EventLog
 from clusterddp.launch.restart.policy import RestartPolicy, end_reason
 from clusterddp.launch.restart.verdict import Failure, verdict
@@ -45,6 +46,8 @@ from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, progressed, 
 from clusterddp.protocol import LAUNCHER_FILE, events_copy_name, events_name
 from clusterddp.spec import JobSpec
 
+#: The uncommitted diff of a shipped tree, beside the head's events file.
+CODE_DIFF = "code.diff"
 #: An events file bigger than this is not fetched whole (a run writes a few KiB per attempt).
 MAX_BYTES = 16 << 20
 
@@ -53,6 +56,8 @@ class Gatherer:
     """Fetches the hosts' event logs after each attempt; remembers which hosts share the dir."""
 
     def __init__(self, remote_run_dir: str, local_run_dir: Path, console: Console, timeout: float) -> None:
+        #: The hosts' run directory; a relative one is taken from each launcher's working
+        #: directory (the head's, or the host's shipped code tree).
         self.remote_run_dir = remote_run_dir
         self.local_run_dir = local_run_dir
         self.console = console
@@ -73,7 +78,7 @@ class Gatherer:
         pool.shutdown(wait=False)
 
     def _look(self, launcher: RemoteLauncher) -> None:
-        theirs = self._cat(launcher, os.path.join(self.remote_run_dir, LAUNCHER_FILE))
+        theirs = self._cat(launcher, os.path.join(self._dir(launcher), LAUNCHER_FILE))
         if theirs is not None or _active(launcher):  # unknown while the connection is gone
             self.shared[launcher.name] = theirs is not None and theirs == _read(self.local_run_dir / LAUNCHER_FILE)
 
@@ -102,7 +107,7 @@ class Gatherer:
         # a launcher numbered again by a restart in place keeps its first log
         first = launcher.session.launched_as
         node_rank = launcher.node_rank if first is None else first
-        data = self._cat(launcher, os.path.join(self.remote_run_dir, events_name(node_rank)))
+        data = self._cat(launcher, os.path.join(self._dir(launcher), events_name(node_rank)))
         if data is None:
             return name
         try:
@@ -110,6 +115,9 @@ class Gatherer:
         except WriteError:
             return name
         return None
+
+    def _dir(self, launcher: RemoteLauncher) -> str:
+        return os.path.join(launcher.plan.cwd, self.remote_run_dir)
 
     def _cat(self, launcher: RemoteLauncher, path: str) -> bytes | None:
         """The remote file's bytes over a new channel of the host's connection; None when the
@@ -163,6 +171,24 @@ class HeadLog:
         self.events = EventLog(run_dir, None, socket.gethostname())
         self.emit("run_start", job=self.job.name, hosts=list(hosts), restarts=self.job.restarts,
                   hang_timeout=self.job.hang_timeout)
+
+    def code_shipped(self, code: CodePlan, cwds: Sequence[str]) -> None:
+        """The ``code`` event: the tree's hash, the git commit, whether there were uncommitted
+        changes; the diff itself (scrubbed by ``gitstate``) beside the log as ``code.diff`` (an
+        event line is cut at 2 KiB)."""
+        if self.events is None or self.events.path is None:
+            return
+        git = code.git
+        diff = None
+        if git.dirty:
+            text = git.diff + "".join(f"untracked, shipped: {name}\n" for name in git.untracked)
+            try:
+                write_atomically(Path(self.events.path).with_name(CODE_DIFF), text.encode(), durable=False)
+                diff = CODE_DIFF
+            except WriteError:
+                diff = None
+        self.emit("code", tree=code.tree.digest, files=len(code.tree.entries), bytes=code.tree.size,
+                  git_commit=git.commit, dirty=git.dirty, diff=diff, workdir=sorted(set(cwds))[0] if cwds else None)
 
     def emit(self, kind: str, **fields: object) -> None:
         if self.events is not None:

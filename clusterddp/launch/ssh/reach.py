@@ -50,6 +50,7 @@ import paramiko
 
 from clusterddp import __version__
 from clusterddp.atomicfile import append_whole
+from clusterddp.codetree.transfer import STORE_SOURCE, CodePlan, ShipError, ship, shipped_path
 from clusterddp.errors import RemoteError
 from clusterddp.launch.ssh.hosts import Host
 from clusterddp.launch.ssh.stub import PROBE_MARKER as PROBE_LINE
@@ -287,6 +288,16 @@ class HostSession:
     #: The node rank its launcher started with, once a restart in place numbered the hosts
     #: again (None: never): that launcher's event log keeps its first name for its life.
     launched_as: int | None = None
+    #: Where the shipped code tree is on this host (``code:``), and the file bytes sent to it.
+    code_root: str | None = None
+    code_sent: int = 0
+
+    def remote_path(self, head_path: str, code: CodePlan | None) -> str:
+        """A head path as this host sees it: in its shipped tree when the path is in the
+        head's, else unchanged (a shared filesystem)."""
+        if code is None or self.code_root is None:
+            return head_path
+        return shipped_path(head_path, code.tree.root, self.code_root)
 
     @property
     def label(self) -> str:
@@ -319,15 +330,19 @@ class HeadFacts:
 
 def start_sessions(hosts: Sequence[Host], settings: ConnectSettings, python: str,
                    request_for: Callable[[int, Host], Mapping[str, Any]], parallel: int,
-                   probe_timeout: float) -> list[HostSession]:
-    """Connect, start the stub and read its probe on every host at once (never raises)."""
+                   probe_timeout: float, code: CodePlan | None = None) -> list[HostSession]:
+    """Connect, ship the code tree (``code``) and start the stub and read its probe on every
+    host at once (never raises); a host whose tree does not check has that as its problem,
+    and no stub."""
     sessions = [HostSession(host=h, node_rank=i, link_timeout=settings.link_timeout) for i, h in enumerate(hosts)]
 
     def one(session: HostSession) -> None:
         start = time.monotonic()
         try:
-            _start(session, settings, python, request_for(session.node_rank, session.host), probe_timeout)
+            _start(session, settings, python, request_for(session.node_rank, session.host), probe_timeout, code)
         except ConnectError as exc:
+            session.problems.append(str(exc))
+        except ShipError as exc:
             session.problems.append(str(exc))
         except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
             session.problems.append(f"ssh session failed: {exc or type(exc).__name__}")
@@ -339,8 +354,12 @@ def start_sessions(hosts: Sequence[Host], settings: ConnectSettings, python: str
 
 
 def _start(session: HostSession, settings: ConnectSettings, python: str, request: Mapping[str, Any],
-           timeout: float) -> None:
+           timeout: float, code: CodePlan | None = None) -> None:
     session.client = open_client(session.host, settings)
+    if code is not None:
+        ship_code(session, code, python, timeout)
+        request = {**request, "cwd": session.remote_path(request["cwd"], code),
+                   "paths": [session.remote_path(p, code) for p in request["paths"]]}
     channel = session.client.get_transport().open_session()  # type: ignore[union-attr]
     session.channel = channel
     channel.settimeout(timeout)
@@ -366,6 +385,27 @@ def _start(session: HostSession, settings: ConnectSettings, python: str, request
     session.noise = before
     session.facts = json.loads(line)
     channel.settimeout(None)
+
+
+def ship_code(session: HostSession, code: CodePlan, python: str, timeout: float) -> None:
+    """The code tree into the host's cache over a channel of its connection (a stream to
+    ``codetree.store``: two round trips whatever the tree, see there why not SFTP); the tree
+    is used only when the host answers with its hash (``ShipError`` otherwise: one line)."""
+    assert session.client is not None
+    channel = session.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+    channel.settimeout(timeout)
+    try:
+        channel.exec_command(f"exec {shlex.quote(python)} -c {shlex.quote(STORE_SOURCE)}")
+        shipped = ship(channel, code.tree, code.cache)
+    except socket.timeout:
+        raise ShipError(f"code tree: no answer from the host's cache within {timeout:.0f}s") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise ShipError(f"code tree: connection lost during the transfer ({why}); the host keeps no tree "
+                        "from it") from None
+    finally:
+        channel.close()
+    session.code_root, session.code_sent = shipped.path, shipped.sent
 
 
 def _stub_died(channel: paramiko.Channel, python: str, stdout: bytes) -> str:
