@@ -345,7 +345,7 @@ def start_sessions(hosts: Sequence[Host], settings: ConnectSettings, python: str
         except ShipError as exc:
             session.problems.append(str(exc))
         except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
-            session.problems.append(f"ssh session failed: {exc or type(exc).__name__}")
+            session.problems.append(f"ssh session failed: {str(exc) or type(exc).__name__}")
         session.seconds = time.monotonic() - start
 
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(sessions))), thread_name_prefix="ssh") as pool:
@@ -404,7 +404,10 @@ def ship_code(session: HostSession, code: CodePlan, python: str, timeout: float)
         raise ShipError(f"code tree: connection lost during the transfer ({why}); the host keeps no tree "
                         "from it") from None
     finally:
-        channel.close()
+        try:
+            channel.close()
+        except (paramiko.SSHException, OSError, EOFError):
+            pass  # a lost link: what the transfer met (or not) is said above
     session.code_root, session.code_sent = shipped.path, shipped.sent
 
 
