@@ -1,0 +1,182 @@
+"""The training stall of one checkpoint, side by side: torch.save, DCP sync, DCP async
+(thread and process), and clusterddp.train's Checkpointer (async and sync).
+
+    .venv/bin/python benchmarks/checkpoint_stall.py [--nproc 2] [--mb 256] [--rounds 5]
+
+Starts ``--nproc`` gloo processes on this machine (CPU). Each holds the same state of
+``--mb`` MB: a stack of bias-free Linear layers (half the bytes) and SGD's momentum for them
+(the other half), as replicated DDP state is. Round after round (the order of the methods
+rotating, so drift in the machine's load hits all alike) each method saves the state once;
+its **stall** is the time from the call until every rank may train again (a barrier after
+the call): for the synchronous ones the whole write, for the async ones the staging (the
+copy off the training tensors) and the hand-off. Before the next save a few training-like
+matmuls run, then the background write is waited for and timed as **write**. Rank 0 prints
+the median of each, and last the line ``async stall / synchronous save: R``: clusterddp's
+async stall over a synchronous ``torch.save`` of the same state, both medians (the issue's
+goal: R <= 0.10). Absolute times depend on the disk and the machine's load; compare ratios.
+
+Methods: ``torch.save``: rank 0 writes one file (temp file, fsync, rename), the others wait:
+what clusterddp.train did before. ``dcp sync``: ``torch.distributed.checkpoint.save``, every
+rank writes its share. ``dcp async thread`` / ``dcp async process``: ``dcp.async_save`` with
+``AsyncCheckpointerType.THREAD`` / ``PROCESS`` (its own gloo group, as PyTorch advises, so its
+collectives do not interleave with training's). ``clusterddp async`` / ``clusterddp sync``:
+``clusterddp.train.Checkpointer`` (staging into reused buffers, one writer thread on rank 0,
+manifest with sizes and sha256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS = ("torch.save", "dcp sync", "dcp async thread", "dcp async process",
+           "clusterddp async", "clusterddp sync")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--mb", type=int, default=256, help="state size: weights + momentum")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dir", default=None, help="where to write (default: a fresh temp dir)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    return p.parse_args()
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    from clusterddp.train import Checkpointer, TrainState, init_distributed
+    from clusterddp.train.checkpoint import atomic_save
+
+    ctx = init_distributed()
+    rank = ctx.rank
+    side = dist.new_group(backend="gloo")  # DCP async's own group
+    width = 2048
+    layers = max(1, round(args.mb * 2 ** 20 / 2 / (width * width * 4)))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    state_mb = 2 * sum(p.numel() * 4 for p in model.parameters()) / 2 ** 20
+    root = Path(args.out)
+    chosen = [m for m in METHODS if m in args.methods.split(",")]
+    clusterddp_async = Checkpointer(root / "cddp-async", ctx, mode="async", keep=1)
+    clusterddp_sync = Checkpointer(root / "cddp-sync", ctx, mode="sync", keep=1)
+    pending: dict[str, Any] = {}
+
+    def dcp_state() -> dict[str, Any]:
+        msd, osd = get_state_dict(model, opt)
+        return {"model": msd, "optim": osd}
+
+    def run(name: str, i: int) -> Callable[[], None] | None:
+        """Start one save; return what waits for its background part (None: none)."""
+        if name == "torch.save":
+            if rank == 0:
+                atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                            root / "torchsave" / "last.pt")
+            return None
+        if name == "dcp sync":
+            dcp.save(dcp_state(), checkpoint_id=str(root / f"dcp-sync-{i % 2}"))
+            return None
+        if name.startswith("dcp async"):
+            kind = AsyncCheckpointerType.THREAD if name.endswith("thread") else AsyncCheckpointerType.PROCESS
+            future = dcp.async_save(dcp_state(), checkpoint_id=str(root / f"{name[-7:]}-{i % 2}"),
+                                    process_group=side, async_checkpointer_type=kind)
+            return lambda: future.result()
+        checkpointer = clusterddp_async if name == "clusterddp async" else clusterddp_sync
+        checkpointer.save(model=model, optimizer=opt, state=TrainState(global_step=i))
+        return checkpointer.wait if name == "clusterddp async" else None
+
+    stalls: dict[str, list[float]] = {m: [] for m in chosen}
+    writes: dict[str, list[float]] = {m: [] for m in chosen}
+    x = torch.randn(256, width)
+    for i in range(args.rounds):
+        order = chosen[i % len(chosen):] + chosen[:i % len(chosen)]
+        for name in order:
+            dist.barrier()
+            began = time.perf_counter()
+            finish = run(name, i)
+            dist.barrier()
+            stalled = time.perf_counter() - began
+            with torch.no_grad():  # training goes on while the write runs
+                for _ in range(3):
+                    model(x)
+            if finish is not None:
+                finish()
+            dist.barrier()
+            stalls[name].append(stalled)
+            writes[name].append(time.perf_counter() - began)
+    clusterddp_async.close()
+    clusterddp_sync.close()
+    if rank == 0:
+        base = statistics.median(stalls["torch.save"]) if "torch.save" in stalls else None
+        print(f"{ctx.world_size} gloo ranks, {state_mb:.0f} MB of state ({layers} x Linear"
+              f"({width}, {width}) + momentum), {args.rounds} rounds, writing to {root}")
+        print(f"{'method':<20} {'stall median s':>15} {'/ torch.save':>13} {'save to done s':>15}")
+        for name in chosen:
+            stall = statistics.median(stalls[name])
+            ratio = f"{stall / base:.3f}" if base else "-"
+            print(f"{name:<20} {stall:15.3f} {ratio:>13} {statistics.median(writes[name]):15.3f}")
+        if base and "clusterddp async" in stalls:
+            print(f"async stall / synchronous save: {statistics.median(stalls['clusterddp async']) / base:.3f}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    args = parse_args()
+    if "RANK" in os.environ:
+        worker(args)
+        return 0
+    out = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    try:
+        for rank in range(args.nproc):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(args.nproc), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                   "PYTHONPATH": str(REPO)}
+            procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--out-internal",
+                                           str(out)], env=env))
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if not args.dir:
+            shutil.rmtree(out, ignore_errors=True)
+    return max(codes, default=0)
+
+
+if __name__ == "__main__":
+    if "--out-internal" in sys.argv:
+        at = sys.argv.index("--out-internal")
+        out_dir = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
+        parsed = parse_args()
+        parsed.out = out_dir
+        worker(parsed)
+        sys.exit(0)
+    sys.exit(main())
