@@ -19,6 +19,7 @@ import socket
 from typing import Sequence
 
 from clusterddp.events import EventLog
+from clusterddp.launch.observe.runlog import process_start_time
 from clusterddp.launch.restart.policy import RestartPolicy, end_reason
 from clusterddp.launch.ssh.outcome import Outcome, attempt_failure, progressed, rank_ends, verdict_failure
 from clusterddp.launch.restart.verdict import Failure, verdict
@@ -40,7 +41,7 @@ class HeadLog:
             return
         self.events = EventLog(run_dir, None, socket.gethostname())
         self.emit("run_start", job=self.job.name, hosts=list(hosts), restarts=self.job.restarts,
-                  hang_timeout=self.job.hang_timeout)
+                  hang_timeout=self.job.hang_timeout, process_start=process_start_time())
 
     def emit(self, kind: str, **fields: object) -> None:
         if self.events is not None:
