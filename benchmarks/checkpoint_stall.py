@@ -1,27 +1,32 @@
 """The training stall of one checkpoint, side by side: torch.save, DCP sync, DCP async
-(thread and process), and clusterddp.train's Checkpointer (async and sync).
+(thread and process), and clusterddp.train's Checkpointer (async, async copying before it
+returns, sync).
 
     .venv/bin/python benchmarks/checkpoint_stall.py [--nproc 2] [--mb 256] [--rounds 5]
 
 Starts ``--nproc`` gloo processes on this machine (CPU). Each holds the same state of
 ``--mb`` MB: a stack of bias-free Linear layers (half the bytes) and SGD's momentum for them
-(the other half), as replicated DDP state is. Round after round (the order of the methods
-rotating, so drift in the machine's load hits all alike) each method saves the state once;
-its **stall** is the time from the call until every rank may train again (a barrier after
-the call): for the synchronous ones the whole write, for the async ones the staging (the
-copy off the training tensors) and the hand-off. Before the next save a few training-like
-matmuls run, then the background write is waited for and timed as **write**. Rank 0 prints
-the median of each, and last the line ``async stall / synchronous save: R``: clusterddp's
-async stall over a synchronous ``torch.save`` of the same state, both medians (the issue's
-goal: R <= 0.10). Absolute times depend on the disk and the machine's load; compare ratios.
+(the other half), as replicated DDP state is, and trains it: forward, backward, SGD step and
+a small all-reduce per step that keeps the ranks in step as DDP's does. Round after round
+(the order of the methods rotating, so drift in the machine's load hits all alike) each
+method runs ``--steps`` steps without saving, then saves once and runs ``--steps`` steps
+again. Its **stall** is how much longer the second block took than the first: the time the
+save blocked, the wait of the next optimizer step for a deferred copy, and what the
+background write took from training (CPU, GIL) during those steps. ``call`` is the time
+the save call itself blocked; ``save to done`` the time until the write was complete.
+Rank 0 prints the medians, and last the line ``async stall / synchronous save: R``:
+clusterddp's async stall over a synchronous ``torch.save`` of the same state (the issue's
+goal: R <= 0.10). Absolute times depend on the disk and on the machine's load; compare
+ratios within one run.
 
 Methods: ``torch.save``: rank 0 writes one file (temp file, fsync, rename), the others wait:
 what clusterddp.train did before. ``dcp sync``: ``torch.distributed.checkpoint.save``, every
 rank writes its share. ``dcp async thread`` / ``dcp async process``: ``dcp.async_save`` with
 ``AsyncCheckpointerType.THREAD`` / ``PROCESS`` (its own gloo group, as PyTorch advises, so its
-collectives do not interleave with training's). ``clusterddp async`` / ``clusterddp sync``:
-``clusterddp.train.Checkpointer`` (staging into reused buffers, one writer thread on rank 0,
-manifest with sizes and sha256).
+collectives do not interleave with training's). ``clusterddp async``:
+``clusterddp.train.Checkpointer`` (reused staging buffers; the big copy made by the writer
+thread behind the next forward/backward; manifest with sizes and sha256); ``clusterddp
+async eager copy``: the same with ``defer_copy=False`` (all copied before the call returns); ``clusterddp sync``: the same, waited for.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("torch.save", "dcp sync", "dcp async thread", "dcp async process",
-           "clusterddp async", "clusterddp sync")
+           "clusterddp async", "clusterddp async eager copy", "clusterddp sync")
 
 
 def parse_args() -> argparse.Namespace:
@@ -48,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--mb", type=int, default=256, help="state size: weights + momentum")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=8, help="training steps timed after each save")
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--dir", default=None, help="where to write (default: a fresh temp dir)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     return p.parse_args()
@@ -79,6 +86,8 @@ def worker(args: argparse.Namespace) -> None:
     root = Path(args.out)
     chosen = [m for m in METHODS if m in args.methods.split(",")]
     clusterddp_async = Checkpointer(root / "cddp-async", ctx, mode="async", keep=1)
+    clusterddp_eager = Checkpointer(root / "cddp-eager", ctx, mode="async", keep=1,
+                                    defer_copy=False)
     clusterddp_sync = Checkpointer(root / "cddp-sync", ctx, mode="sync", keep=1)
     pending: dict[str, Any] = {}
 
@@ -101,40 +110,63 @@ def worker(args: argparse.Namespace) -> None:
             future = dcp.async_save(dcp_state(), checkpoint_id=str(root / f"{name[-7:]}-{i % 2}"),
                                     process_group=side, async_checkpointer_type=kind)
             return lambda: future.result()
-        checkpointer = clusterddp_async if name == "clusterddp async" else clusterddp_sync
+        checkpointer = {"clusterddp async": clusterddp_async, "clusterddp sync": clusterddp_sync,
+                        "clusterddp async eager copy": clusterddp_eager}[name]
         checkpointer.save(model=model, optimizer=opt, state=TrainState(global_step=i))
-        return checkpointer.wait if name == "clusterddp async" else None
+        return None if checkpointer is clusterddp_sync else checkpointer.wait
+
+    x = torch.randn(args.batch, width)
+    flag = torch.zeros(1)
+
+    def train_steps(n: int) -> None:
+        """n training steps: forward, backward, SGD with momentum, and one small all-reduce
+        that keeps the ranks in step as DDP's gradient all-reduce does (a rank that stalls
+        stalls the others)."""
+        for _ in range(n):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            dist.all_reduce(flag)
 
     stalls: dict[str, list[float]] = {m: [] for m in chosen}
+    blocked: dict[str, list[float]] = {m: [] for m in chosen}
     writes: dict[str, list[float]] = {m: [] for m in chosen}
-    x = torch.randn(256, width)
+    train_steps(2)  # warm
     for i in range(args.rounds):
         order = chosen[i % len(chosen):] + chosen[:i % len(chosen)]
         for name in order:
             dist.barrier()
             began = time.perf_counter()
-            finish = run(name, i)
+            train_steps(args.steps)  # the same steps without a save, just before
+            plain = time.perf_counter() - began
             dist.barrier()
-            stalled = time.perf_counter() - began
-            with torch.no_grad():  # training goes on while the write runs
-                for _ in range(3):
-                    model(x)
+            began = time.perf_counter()
+            finish = run(name, i)
+            called = time.perf_counter() - began
+            train_steps(args.steps)
+            trained = time.perf_counter() - began
             if finish is not None:
                 finish()
             dist.barrier()
-            stalls[name].append(stalled)
-            writes[name].append(time.perf_counter() - began)
+            done = time.perf_counter() - began
+            # Rank 0's view; the ranks move together (the all-reduce per step).
+            stalls[name].append(trained - plain)
+            blocked[name].append(called)
+            writes[name].append(done)
     clusterddp_async.close()
+    clusterddp_eager.close()
     clusterddp_sync.close()
     if rank == 0:
         base = statistics.median(stalls["torch.save"]) if "torch.save" in stalls else None
         print(f"{ctx.world_size} gloo ranks, {state_mb:.0f} MB of state ({layers} x Linear"
-              f"({width}, {width}) + momentum), {args.rounds} rounds, writing to {root}")
-        print(f"{'method':<20} {'stall median s':>15} {'/ torch.save':>13} {'save to done s':>15}")
+              f"({width}, {width}) + momentum), {args.rounds} rounds, {args.steps} steps of batch "
+              f"{args.batch} after each save, writing to {root}")
+        print(f"{'method':<34} {'stall s':>8} {'/ torch.save':>13} {'call s':>8} {'save to done s':>15}")
         for name in chosen:
             stall = statistics.median(stalls[name])
             ratio = f"{stall / base:.3f}" if base else "-"
-            print(f"{name:<20} {stall:15.3f} {ratio:>13} {statistics.median(writes[name]):15.3f}")
+            print(f"{name:<34} {stall:8.3f} {ratio:>13} {statistics.median(blocked[name]):8.3f} "
+                  f"{statistics.median(writes[name]):15.3f}")
         if base and "clusterddp async" in stalls:
             print(f"async stall / synchronous save: {statistics.median(stalls['clusterddp async']) / base:.3f}")
     dist.barrier()

@@ -1,15 +1,24 @@
 """Checkpoints written in the background while training goes on (``fit``'s checkpointer).
 
-A save has two parts. **Staging**, on the training thread while every rank waits: the RNG
-gather (``checkpoint.save_checkpoint``'s), then rank 0 copies the state into CPU buffers of
-its own (reused from one save to the next: no allocation, no page faults; on CUDA pinned,
-copied with ``non_blocking`` and one synchronize). That copy is the training stall.
-**Writing**, on one background thread of rank 0: the finite check of the copy (a state with
-a NaN or an infinity is never written; every rank raises ``NonFiniteWeightsError`` at the
-next save or at the end of training; DDP's state is the same on every rank, so rank 0's
-copy stands for all), ``torch.save``, fsync, read back for sizes and sha256, the manifest,
-``last.pt``, pruning (``ckptstore.publish``). The check is off the training thread because
-it reads the whole state once more: in the stall it cost as much as the copy.
+A save has two parts. **Staging**, while every rank waits: the RNG gather
+(``checkpoint.save_checkpoint``'s), then rank 0 takes a copy of the state into CPU buffers
+of its own, reused from one save to the next (no allocation, no page faults). Buffers and
+small tensors are copied at once; the parameters and the optimizer's state, which only
+``optimizer.step`` changes, are copied by the writer thread while the next forward and
+backward run, and a step pre-hook on the optimizer makes the next ``step`` wait until that
+copy is done (``defer_copy``; on CUDA every copy is queued on the current stream with
+``non_blocking`` instead, so stream order protects it and the host waits for nothing). What
+training loses is the gather, the small copies, and the part of the big copy that the next
+forward and backward did not cover. **Writing**, on the same background thread: the finite
+check of the copy (a state with a NaN or an infinity is never written; every rank raises
+``NonFiniteWeightsError`` at the next save or at the end of training; DDP's state is the
+same on every rank, so rank 0's copy stands for all), ``torch.save``, fsync, read back for
+sizes and sha256, the manifest, ``last.pt``, pruning (``ckptstore.publish``). The check is
+off the training thread because it reads the whole state once more.
+
+Deferring the copy assumes nothing but ``optimizer.step`` changes the parameters between a
+save and the next step (true of ``fit``; a hand-written loop that clips or averages weights
+in place right after saving should pass ``defer_copy=False``).
 
 A thread, not a process: the state is already a private copy, so a thread writes it with no
 second copy to another process's shared memory and no process to start (PyTorch DCP's
@@ -60,19 +69,47 @@ def _tree_tensors(*trees: Any) -> list[torch.Tensor]:
     return found
 
 
+#: Tensors at least this large may be copied behind the next forward/backward (``defer``).
+DEFER_BYTES = 1 << 16
+
+
 class Stager:
-    """Copies a state tree into CPU buffers kept between saves (same paths, same shapes)."""
+    """Copies a state tree into CPU buffers kept between saves (same paths, same shapes).
+
+    ``stage(tree, defer=ids)``: CPU tensors whose storage is in ``defer`` (parameters and
+    optimizer state: only ``optimizer.step`` changes them) and that are large are not copied
+    here but listed in ``pending``, for the writer thread to copy while the next forward and
+    backward run (``copy_pending``); everything else is copied at once. CUDA tensors are all
+    copied here with ``non_blocking``: the copies are queued on the current stream, ahead of
+    anything later that could change the tensors, and the host does not wait for them; the
+    writer waits on ``ready`` before reading the buffers.
+    """
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._cuda = False
+        self._defer: set[int] = set()
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.ready: Any = None  # a CUDA event after the copies; None on CPU
 
-    def stage(self, tree: Any) -> Any:
+    def stage(self, tree: Any, defer: set[int] | None = None) -> Any:
         self._cuda = False
+        self._defer = defer or set()
+        self.pending = []
+        self.ready = None
         staged = self._copy(tree, "")
         if self._cuda:
-            torch.cuda.synchronize()
+            self.ready = torch.cuda.Event()
+            self.ready.record()
         return staged
+
+    def copy_pending(self) -> None:
+        """The deferred copies (the writer thread; ATen's copy releases the GIL)."""
+        for source, buffer in self.pending:
+            buffer.copy_(source)
+        self.pending = []
+        if self.ready is not None:
+            self.ready.synchronize()
 
     def _copy(self, value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
@@ -92,8 +129,14 @@ class Stager:
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pinned)
             if tensor.is_contiguous():
                 self._buffers[path] = buffer
-        self._cuda = self._cuda or tensor.is_cuda
-        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        if tensor.is_cuda:
+            self._cuda = True
+            buffer.copy_(tensor, non_blocking=True)
+        elif (tensor.untyped_storage().data_ptr() in self._defer
+              and tensor.numel() * tensor.element_size() >= DEFER_BYTES):
+            self.pending.append((tensor, buffer))
+        else:
+            buffer.copy_(tensor)
         return buffer
 
 
@@ -103,7 +146,7 @@ class Checkpointer:
     Every rank builds one and calls ``save`` at the same points."""
 
     def __init__(self, directory: str | Path, ctx: DistContext, *, mode: str = "async",
-                 keep: int = 2, job: str | None = None) -> None:
+                 keep: int = 2, job: str | None = None, defer_copy: bool = True) -> None:
         if mode not in ("async", "sync"):
             raise ValueError(f"checkpoint mode {mode!r}: expected 'async' or 'sync'")
         self.directory = Path(directory)
@@ -118,6 +161,10 @@ class Checkpointer:
         self._error: str | None = None
         self._warned_slow = False
         self._refused: str | None = None     # a staged state that was not finite
+        self.defer_copy = defer_copy and mode == "async"
+        self._staged = threading.Event()     # the deferred copies are done
+        self._staged.set()
+        self._hooked: dict[int, Any] = {}    # optimizer id -> its step pre-hook's handle
         self._lock = DirLock(self.directory)
         self._seq = 0
         refused: str | None = None
@@ -157,6 +204,13 @@ class Checkpointer:
             raise NonFiniteWeightsError(gathered[0][1], [0])
         if not self.ctx.is_main:
             return None
+        defer: set[int] = set()
+        if self.defer_copy and optimizer is not None:
+            # Only optimizer.step changes these: their copy may wait until just before it.
+            self._fence(optimizer)
+            defer = {p.untyped_storage().data_ptr() for p in unwrap(model).parameters()}
+            defer |= {t.untyped_storage().data_ptr() for state in optimizer.state.values()
+                      for t in state.values() if isinstance(t, torch.Tensor)}
         payload = self._stager.stage({
             "format": FORMAT_VERSION,
             "model": unwrap(model).state_dict(),
@@ -167,16 +221,26 @@ class Checkpointer:
             "world_size": self.ctx.world_size,
             "rng": [rng for rng, _ in gathered],
             "extra": extra or {},
-        })
+        }, defer)
         seq, self._seq = self._seq, self._seq + 1
         manifest = Manifest(seq=seq, files={}, job=self.job, world_size=self.ctx.world_size,
                             epoch=state.epoch, step=state.step, global_step=state.global_step,
                             stall_s=round(time.perf_counter() - began, 6))
         self._error = None
+        if self._stager.pending:
+            self._staged.clear()
         self._thread = threading.Thread(target=self._write, args=(payload, manifest),
                                         name=f"clusterddp-ckpt-{seq}", daemon=True)
         self._thread.start()
         return self.directory / manifest.state_file
+
+    def _fence(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer.step`` wait until the deferred copies are done (hooked once)."""
+        if id(optimizer) not in self._hooked:
+            def wait_for_copies(*_: Any) -> None:
+                self._staged.wait()
+
+            self._hooked[id(optimizer)] = optimizer.register_step_pre_hook(wait_for_copies)
 
     def _wait_previous(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -204,12 +268,23 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the save in flight (a save at the end of training is not lost), unlock."""
         self.wait()
+        for handle in self._hooked.values():
+            handle.remove()
+        self._hooked.clear()
         self._lock.release()
 
     # -- the writer thread ----------------------------------------------------------------
 
     def _write(self, payload: dict[str, Any], manifest: Manifest) -> None:
         began = time.perf_counter()
+        try:
+            self._stager.copy_pending()
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            say(f"checkpoint {manifest.state_file} failed while copying the state: {self._error}")
+            return
+        finally:
+            self._staged.set()  # optimizer.step may go on
         if not all_finite(_tree_tensors(payload["model"], payload["optimizer"])):
             self._refused = str(self.directory / manifest.state_file)
             say(f"refusing checkpoint {manifest.state_file}: its weights or optimizer state hold "

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,46 @@ def test_async_save_writes_the_state_of_the_moment_it_was_called(tmp_path: Path)
     saved = _saved_model(path)
     assert all(torch.equal(saved[k], v) for k, v in expected.items())
     assert torch.equal(_saved_model(tmp_path / "last.pt")["0.weight"], expected["0.weight"])
+
+
+def test_the_next_optimizer_step_waits_for_the_deferred_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parameters and momentum are copied behind the next forward/backward, but the next
+    optimizer.step waits for that copy: the checkpoint holds the state of the save, not
+    the state after the step (a step pre-hook; ``defer_copy``). The writer is made to start
+    its copy 0.3 s late, so a step that did not wait would land first."""
+    from clusterddp.train.asyncckpt import Stager
+    copy_pending = Stager.copy_pending
+
+    def late(self: Stager) -> None:
+        time.sleep(0.3)
+        copy_pending(self)
+
+    monkeypatch.setattr(Stager, "copy_pending", late)
+    torch.manual_seed(0)
+    model = nn.Linear(512, 512)  # 1 MB of weight: deferred
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(8, 512)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    ckpt = T.Checkpointer(tmp_path, single(), mode="async")
+    for i in range(3):
+        ckpt.save(model=model, optimizer=opt, state=T.TrainState(global_step=i))
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        momentum = opt.state[model.weight]["momentum_buffer"].clone()
+        step()  # at once: before the writer thread has necessarily copied anything
+        ckpt.wait()
+        path, _ = newest_complete(tmp_path).newest  # type: ignore[misc]
+        saved = torch.load(path, weights_only=True)
+        assert all(torch.equal(saved["model"][k], v) for k, v in expected.items())
+        assert torch.equal(saved["optimizer"]["state"][0]["momentum_buffer"], momentum)
+        assert not torch.equal(saved["model"]["weight"], model.weight.detach())
+    ckpt.close()
 
 
 def test_at_most_one_save_in_flight_and_old_ones_pruned(tmp_path: Path,
@@ -264,3 +305,27 @@ def test_a_non_finite_state_is_never_written_and_every_rank_stops(tmp_path: Path
     scan = newest_complete(tmp_path)
     assert scan.newest is not None and scan.newest[1].global_step == 1
     assert not (tmp_path / state_name(2)).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("written", "read"), [(4, 2), (2, 4)])
+def test_a_checkpoint_of_one_world_size_resumes_on_another(tmp_path: Path, written: int,
+                                                          read: int) -> None:
+    """A mid-epoch checkpoint written by 4 ranks resumes on 2, and one of 2 on 4: the state is
+    whole (DDP's is the same on every rank), the position is rescaled to the new step size."""
+    ckpt = tmp_path / "ckpt"
+    steps = 64 // (8 * written)  # per epoch
+    assert_ok(run_ranks([str(tmp_path), "--checkpoint-dir", str(ckpt), "--epochs", "1",
+                         "--checkpoint-every", "1"], nproc=written, script=JOB))
+    for manifest in ckpt.glob("ckpt-*.json"):  # keep the one before the epoch's last step
+        if json.loads(manifest.read_text())["global_step"] != steps - 1:
+            manifest.unlink()
+    resumed = run_ranks([str(tmp_path), "--checkpoint-dir", str(ckpt), "--epochs", "2"],
+                        nproc=read, script=JOB)
+    assert_ok(resumed)
+    moved = (steps - 1) * written // read
+    assert (f"checkpoint was written by {written} rank(s), this run has {read}: continuing "
+            f"epoch 0 at step {moved} of {64 // (8 * read)}") in resumed[0].stdout, resumed[0].stdout
+    scan = newest_complete(ckpt)
+    assert scan.newest is not None and scan.newest[1].world_size == read
+    assert scan.newest[1].epoch == 2

@@ -82,8 +82,10 @@ def main() -> int:
                 fill(directory)
             if calls == args.free_disk_at and (directory / "filler").exists():
                 os.unlink(directory / "filler")
-            if calls == args.remove_dir_at:
-                shutil.rmtree(directory)
+            if calls == args.remove_dir_at:  # at once (a rename), then away: the writer may be busy
+                gone = directory.with_name(directory.name + ".gone")
+                os.rename(directory, gone)
+                shutil.rmtree(gone, ignore_errors=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         return base(outputs, targets)
