@@ -165,6 +165,8 @@ class Checkpointer:
         self._staged = threading.Event()     # the deferred copies are done
         self._staged.set()
         self._hooked: dict[int, Any] = {}    # optimizer id -> its step pre-hook's handle
+        #: Seconds optimizer.step waited for deferred copies, over this checkpointer's life.
+        self.fence_wait_s = 0.0
         self._lock = DirLock(self.directory)
         self._seq = 0
         refused: str | None = None
@@ -238,7 +240,12 @@ class Checkpointer:
         """Make ``optimizer.step`` wait until the deferred copies are done (hooked once)."""
         if id(optimizer) not in self._hooked:
             def wait_for_copies(*_: Any) -> None:
-                self._staged.wait()
+                if self._staged.is_set():
+                    return
+                began = time.perf_counter()
+                with phase("checkpoint"):  # the report counts this wait as checkpoint stall
+                    self._staged.wait()
+                self.fence_wait_s += time.perf_counter() - began
 
             self._hooked[id(optimizer)] = optimizer.register_step_pre_hook(wait_for_copies)
 
