@@ -268,8 +268,22 @@ def render(result: Goodput, events: list[dict[str, Any]]) -> str:
         lines.append(f"  {clip(label, 40):<12} {seconds:9.2f}s  {share:5.1f}%")
     total = sum(result.parts.values())
     lines.append(f"  {'sum':<12} {total:9.2f}s  (wall clock {result.wall:.2f}s)")
+    interval = checkpoint_interval(result.run_dir)
+    if interval is not None:
+        lines.append(f"checkpoint interval: {clip(str(interval.get('line')), 400)}")
     lines.extend(f"note: {clip(problem, 200)}" for problem in result.problems)
     return "\n".join(lines)
+
+
+def checkpoint_interval(run_dir: str) -> dict[str, Any] | None:
+    """The interval ``checkpoint_every="auto"`` chose last, with why (clusterddp.train writes
+    ``checkpoint_interval.json`` beside the event log); None without one."""
+    try:
+        with open(os.path.join(run_dir, "checkpoint_interval.json")) as f:
+            data = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def as_json(result: Goodput, events: list[dict[str, Any]]) -> str:
@@ -277,6 +291,7 @@ def as_json(result: Goodput, events: list[dict[str, Any]]) -> str:
                        "wall_s": result.wall, "ettr": result.ettr, "goodput": result.goodput,
                        "lost_s": result.lost, "parts_s": result.parts,
                        "attempts": result.attempts, "finished": result.finished,
+                       "checkpoint_interval": checkpoint_interval(result.run_dir),
                        "problems": result.problems, "events": events}, indent=1)
 
 

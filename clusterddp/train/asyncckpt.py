@@ -167,6 +167,9 @@ class Checkpointer:
         self._hooked: dict[int, Any] = {}    # optimizer id -> its step pre-hook's handle
         #: Seconds optimizer.step waited for deferred copies, over this checkpointer's life.
         self.fence_wait_s = 0.0
+        self._fenced = 0.0
+        #: Each save's training stall (staging; the deferred copy's wait joins the next one).
+        self.stalls: list[float] = []
         self._lock = DirLock(self.directory)
         self._seq = 0
         refused: str | None = None
@@ -224,6 +227,8 @@ class Checkpointer:
             "rng": [rng for rng, _ in gathered],
             "extra": extra or {},
         }, defer)
+        self.stalls.append(time.perf_counter() - began + self.fence_wait_s - self._fenced)
+        self._fenced = self.fence_wait_s
         seq, self._seq = self._seq, self._seq + 1
         manifest = Manifest(seq=seq, files={}, job=self.job, world_size=self.ctx.world_size,
                             epoch=state.epoch, step=state.step, global_step=state.global_step,

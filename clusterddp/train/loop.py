@@ -10,6 +10,7 @@ Scripts with unusual needs can use the pieces directly; the example jobs use ``f
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -30,6 +31,7 @@ from clusterddp.train.dist import DistContext, all_gather_objects
 from clusterddp.train.evaluation import evaluate, move_to
 from clusterddp.train.exitcodes import PREEMPTED_EXIT_CODE
 from clusterddp.train.guard import LAG, StepAgreement, StepVerdict
+from clusterddp.train.interval import INTERVAL_FILE, choose, read_history, run_dir_from_env
 from clusterddp.train.liveness import heartbeat
 from clusterddp.train.model import settle_buckets
 from clusterddp.train.preempt import DEFAULT_SIGNALS, Preempted, PreemptionHandler
@@ -61,7 +63,10 @@ class FitConfig:
     epochs: int
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint path, "auto" (newest complete in checkpoint_dir), None
-    checkpoint_every: int = 0  # also every N steps (0: only at epoch ends and preemption)
+    checkpoint_every: int | str = 0  # also every N steps (0: epoch ends and preemption only);
+    # "auto": Young/Daly from the measured stall and the run records' failures (interval.py)
+    checkpoint_min_s: float = 60.0    # checkpoint_every="auto" keeps the interval within these
+    checkpoint_max_s: float = 3600.0
     checkpoint_mode: str = "async"  # "async": written in the background; "sync": training waits
     keep_checkpoints: int = 2  # complete checkpoints kept in checkpoint_dir
     job_name: str | None = None  # recorded in manifests; resume ignores other jobs' checkpoints
@@ -100,7 +105,8 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                     preemption: PreemptionHandler | None = None,
                     show_progress: bool | None = None, global_step: int | None = None,
                     save_every: int = 0,
-                    save: Callable[[TrainState], Any] | None = None) -> EpochResult:
+                    save: Callable[[TrainState], Any] | None = None,
+                    save_due: Callable[[int], bool] | None = None) -> EpochResult:
     """Run the loader's remaining batches; stop early, after a whole step, on preemption.
 
     ``start`` continues a partly run epoch (its step and loss sum); the loader must already
@@ -152,8 +158,9 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                                     refresh=False)
             if tally.preempt:
                 break
-            if save is not None and save_every > 0 and numbered % save_every == 0 \
-                    and step != epoch_steps:
+            due = save_due(numbered) if save_due is not None else (
+                save_every > 0 and numbered % save_every == 0)
+            if save is not None and due and step != epoch_steps:
                 tally.add(agreement.settle(keep=0, stopped_at=step))
                 if tally.preempt:
                     break  # the preemption save follows at once
@@ -189,6 +196,76 @@ def resolve_resume(config: FitConfig, ctx: DistContext | None = None) -> Path | 
     if not path.exists():
         raise FileNotFoundError(f"resume checkpoint {path} does not exist")
     return path
+
+
+def _every_steps(every: int | str) -> int:
+    if every == "auto":
+        return 0
+    if isinstance(every, int) and not isinstance(every, bool) and every >= 0:
+        return every
+    raise ValueError(f"checkpoint_every: {every!r} is not a number of steps or 'auto'")
+
+
+class AutoInterval:
+    """``checkpoint_every="auto"``: rank 0 picks the interval in steps (``interval.choose``)
+    after ``WARMUP`` steps and again after every save, from the stalls measured so far, the
+    step time since the last decision and the run records; every rank takes its answer at
+    the same step (one small all-gather), so all ranks checkpoint at the same steps."""
+
+    WARMUP = 10
+
+    def __init__(self, ctx: DistContext, checkpointer: Checkpointer, config: FitConfig,
+                 start_step: int) -> None:
+        self.ctx = ctx
+        self.checkpointer = checkpointer
+        self.config = config
+        self.next_at = start_step + self.WARMUP
+        self.decided = False
+        self.mark = (start_step, time.perf_counter())
+        self.every: int | None = None
+        self.run_dir = run_dir_from_env()
+
+    def due(self, step: int) -> bool:
+        if step < self.next_at:
+            return False
+        if not self.decided:
+            self.decide(step)
+            return False
+        return True
+
+    def decide(self, step: int) -> None:
+        every: int | None = None
+        if self.ctx.is_main:
+            now = time.perf_counter()
+            steps = max(1, step - self.mark[0])
+            stalls = self.checkpointer.stalls
+            stall = sorted(stalls)[len(stalls) // 2] if stalls else 0.0
+            choice = choose(stall, (now - self.mark[1]) / steps,
+                            read_history(self.run_dir, self.config.job_name),
+                            self.config.checkpoint_min_s, self.config.checkpoint_max_s)
+            every = choice.every_steps
+            if every != self.every:
+                line = choice.line(self.config.job_name)
+                say(line)
+                self._record(choice, line)
+            self.mark = (step, now)
+        self.every = all_gather_objects(every)[0]
+        self.decided = True
+        self.next_at = step + (self.every or 1)
+
+    def _record(self, choice: Any, line: str) -> None:
+        """For ``clusterddp report``: the latest choice, beside the run's event log."""
+        if not self.run_dir:
+            return
+        try:
+            Path(self.run_dir, INTERVAL_FILE).write_text(json.dumps(
+                {"line": line, "every_steps": choice.every_steps, "interval_s": choice.interval_s,
+                 "optimum_s": choice.optimum_s, "stall_s": choice.stall_s,
+                 "step_s": choice.step_s, "mtbf_s": choice.history.mtbf_s,
+                 "failures": choice.history.failures, "exposure_s": choice.history.exposure_s,
+                 "runs": choice.history.runs}) + "\n")
+        except OSError:
+            pass
 
 
 def _newest(directory: Path, job: str | None) -> str | None:
@@ -268,11 +345,16 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
     result = FitResult(start_epoch=state.epoch)
     global_step = state.global_step
 
+    auto = (AutoInterval(ctx, checkpointer, config, global_step)
+            if checkpointer is not None and config.checkpoint_every == "auto" else None)
+
     def save(where: TrainState, wait: bool = False) -> str | None:
         if checkpointer is None:
             return None
         saved = checkpointer.save(model=model, optimizer=optimizer, scheduler=scheduler,
                                   amp=amp, state=where, wait=wait)
+        if auto is not None and not wait:
+            auto.decide(where.global_step)
         return str(saved or checkpointer.directory)
     scalars = ScalarLogger(config.tensorboard_dir, ctx)
     handler = PreemptionHandler(config.preempt_signals) if config.preempt_signals else None
@@ -285,7 +367,8 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
             trained = train_one_epoch(model, train_loader, optimizer, criterion, ctx,
                                       epoch=epoch, amp=amp, start=partial, preemption=handler,
                                       show_progress=config.progress, global_step=global_step,
-                                      save_every=config.checkpoint_every, save=save)
+                                      save_every=_every_steps(config.checkpoint_every),
+                                      save=save, save_due=auto.due if auto else None)
             global_step += trained.steps_done - (partial.step if partial else 0)
             if trained.preempted:
                 # Written before exiting, async or not: the save in flight is waited for,

@@ -49,7 +49,10 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out", type=Path)
     p.add_argument("--checkpoint-dir", required=True)
-    p.add_argument("--checkpoint-every", type=int, default=2)
+    p.add_argument("--checkpoint-every", default="2", help="steps, or auto")
+    p.add_argument("--min-s", type=float, default=60.0)
+    p.add_argument("--max-s", type=float, default=3600.0)
+    p.add_argument("--fail-at", type=int, help="attempt 0 exits 1 at this step (a failure)")
     p.add_argument("--mode", default="async")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
@@ -88,11 +91,16 @@ def main() -> int:
                 shutil.rmtree(gone, ignore_errors=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        if calls == args.fail_at and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            os._exit(1)
         return base(outputs, targets)
 
     config = T.FitConfig(epochs=args.epochs, checkpoint_dir=args.checkpoint_dir,
                          resume=None if args.resume == "none" else args.resume, progress=False,
-                         checkpoint_every=args.checkpoint_every, checkpoint_mode=args.mode,
+                         checkpoint_every=(args.checkpoint_every if args.checkpoint_every == "auto"
+                                           else int(args.checkpoint_every)),
+                         checkpoint_min_s=args.min_s, checkpoint_max_s=args.max_s,
+                         checkpoint_mode=args.mode,
                          job_name=args.job_name)
     T.fit(model, optimizer, loader, criterion, ctx, config)
     if ctx.is_main:
