@@ -139,7 +139,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="append", default=[], metavar="GLOB",
                    help="...except those matching GLOB, e.g. --freeze '*' --keep 'fc.*'")
     p.add_argument("--resume", default="auto",
-                   help="checkpoint path, 'auto' (OUT/checkpoints/last.pt if present) or 'none'")
+                   help="checkpoint path, 'auto' (the newest complete checkpoint in "
+                        "OUT/checkpoints, if any) or 'none'")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS steps (default: at epoch ends only)")
+    p.add_argument("--checkpoint-mode", choices=["async", "sync"], default="async",
+                   help="async: written in the background while training goes on (default); "
+                        "sync: training waits for the write")
     p.add_argument("--workers", type=int, default=None, help="loader processes per rank")
     p.add_argument("--persistent-workers", action="store_true")
     p.add_argument("--synthetic-train", type=int, default=1024)
@@ -182,7 +188,9 @@ def main() -> int:
                          resume=None if args.resume == "none" else args.resume,
                          tensorboard_dir=tensorboard_dir, amp=args.amp,
                          progress={"auto": None, "on": True, "off": False}[args.progress],
-                         preempt_signals=args.preempt_signal or T.FitConfig.preempt_signals)
+                         preempt_signals=args.preempt_signal or T.FitConfig.preempt_signals,
+                         checkpoint_every=args.checkpoint_every,
+                         checkpoint_mode=args.checkpoint_mode)
     result = T.fit(model, optimizer, train_loader, nn.CrossEntropyLoss(), ctx, config,
                    eval_loader=test_loader, scheduler=scheduler)
     if ctx.is_main:

@@ -1,8 +1,10 @@
-"""``clusterddp report [RUN_ID]``: a run's timeline and its goodput, from its event log.
+"""``clusterddp report [RUN_ID]``: a run's timeline, ETTR and goodput, from its event log.
 
-Goodput is training time / wall time. The wall clock of the run (first ``run_start`` to last
-``run_end``, or to the last event of a run whose launcher was killed) is cut at every event
-boundary, and each piece is given the one label that explains it, the first that applies of:
+The wall clock of the run runs from the start of the first ``clusterddp`` process (its
+``run_start``'s ``process_start``: the interpreter's own start-up is the user's time too; the
+first event where that is missing) to the last ``run_end`` (or the last event of a run whose
+launcher was killed). It is cut at every event boundary, and each piece is given the one
+label that explains it, the first that applies of:
 
 1. ``hang waits``: from ``timeout_s`` before a ``hang`` (the stall it waited out) to the end
    of that attempt;
@@ -11,14 +13,22 @@ boundary, and each piece is given the one label that explains it, the first that
 3. ``restarts``: from a failure (the failed worker's exit, ``failed_at``) to the next
    attempt's first completed step: teardown, backoff, a new start, restoring the checkpoint;
 4. ``checkpoints``, ``evaluation``, other phases by name: a ``phase`` the ranks announced,
-   from the first rank's start to the last rank's end (any node);
-5. ``training``: from an attempt's first completed step to its end;
-6. ``shut-down``: everything else (after the last attempt, before ``run_end``).
+   from the first rank's start to the last rank's end (any node); with async checkpoints
+   the ``checkpoint`` phase is the staging only, so ``checkpoints`` is the training stall;
+5. ``redone``: from a restarted attempt's first step to the moment its step numbers passed
+   the highest an earlier attempt reached (the launcher's ``redone`` event): the steps
+   between the checkpoint it resumed from and the failure, run a second time;
+6. ``training``: from an attempt's first completed step to its end;
+7. ``shut-down``: everything else (after the last attempt, before ``run_end``).
 
-So the parts add up to the wall clock by construction. What it cannot see: steps trained
-after the last checkpoint of a failed attempt are counted as training though they are
-recomputed after the restart; a phase shorter than the launcher's read interval (0.25 s)
-may go unseen and count as training.
+So the parts add up to the wall clock by construction. **ETTR** (effective training time
+ratio, Meta's measure for Llama 3) is useful training / wall clock: ``training`` only.
+**Goodput** is the job's own useful work / wall clock: ``training`` plus ``evaluation`` and
+the other phases the job announced; everything else is lost time, split into start-up,
+restarts, redone, checkpoint stall, hang waits and shut-down (``--json``: ``lost_s``). What
+it cannot see: a phase shorter than the launcher's read interval (0.25 s) may go unseen and
+count as training; redone work of a whole-job restart (a new launcher process) is not
+recognised, as that launcher does not know the earlier one's steps.
 """
 
 from __future__ import annotations
@@ -36,7 +46,13 @@ from clusterddp.protocol import EVENTS_FILE, EVENTS_GLOB
 from clusterddp.validate import clip, shown
 
 #: Labels in the order of the breakdown (training first); ``hang waits`` wins over all.
-ORDER = ("training", "start-up", "restarts", "hang waits", "checkpoints", "evaluation", "shut-down")
+ORDER = ("training", "start-up", "restarts", "redone", "hang waits", "checkpoints", "evaluation",
+         "shut-down")
+#: Lost time as the issue names it: label in ``parts`` -> key in ``--json``'s ``lost_s``.
+#: (``exit``: the phase the ranks announce once the script has returned, part of shutting down.)
+LOST = {"start-up": "start-up", "restarts": "restart", "redone": "redone",
+        "checkpoints": "checkpoint stall", "hang waits": "hang wait", "shut-down": "shut-down",
+        "exit": "shut-down"}
 PHASE_LABELS = {"checkpoint": "checkpoints", "eval": "evaluation", "restore": "restarts"}
 
 
@@ -67,8 +83,22 @@ class Goodput:
         return self.end - self.start
 
     @property
-    def goodput(self) -> float:
+    def ettr(self) -> float:
+        """Useful training time / wall clock (redone steps are not useful)."""
         return self.parts.get("training", 0.0) / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def goodput(self) -> float:
+        """The job's own work (training, evaluation, its other phases) / wall clock."""
+        useful = sum(v for k, v in self.parts.items() if k not in LOST and k != "restore")
+        return useful / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def lost(self) -> dict[str, float]:
+        lost = dict.fromkeys(LOST.values(), 0.0)
+        for label, name in LOST.items():
+            lost[name] += self.parts.get(label, 0.0)
+        return lost
 
 
 def find_run(target: str | None, log_dir: str) -> str:
@@ -100,15 +130,18 @@ def _at(event: dict[str, Any], key: str = "at") -> float:
     return float(event["t"]) if value is None else value
 
 
-def intervals(events: list[dict[str, Any]], end: float) -> list[tuple[float, float, str]]:
-    """(start, end, label) spans the events show; overlapping spans are resolved by ``breakdown``."""
+def intervals(events: list[dict[str, Any]], end: float,
+              start: float | None = None) -> list[tuple[float, float, str]]:
+    """(start, end, label) spans the events show; overlapping spans are resolved by ``breakdown``.
+    ``start``: the run's start (default: the first event)."""
     spans: list[tuple[float, float, str]] = []
-    start = events[0]["t"]
+    start = events[0]["t"] if start is None else start
     attempt_begin: dict[int, float] = {}
     first_step: dict[int, float] = {}
     attempt_end: dict[int, float] = {}
     failed_at: dict[int, float] = {}
     open_phase: dict[tuple[str, Any], float] = {}
+    redone_until: dict[int, float] = {}
     for event in events:
         kind, attempt = event["kind"], event.get("attempt", 0)
         if kind == "attempt_start":
@@ -119,6 +152,8 @@ def intervals(events: list[dict[str, Any]], end: float) -> list[tuple[float, flo
             attempt_end[attempt] = max(attempt_end.get(attempt, event["t"]), event["t"])
             if event.get("exit_code"):
                 failed_at.setdefault(attempt, _at(event, "failed_at") if event.get("failed_at") else event["t"])
+        elif kind == "redone" and finite_time(event.get("until")) is not None:
+            redone_until[attempt] = max(redone_until.get(attempt, 0.0), float(event["until"]))
         elif kind == "hang":
             failed_at[attempt] = min(failed_at.get(attempt, event["t"]), event["t"])
             wait = finite_time(event.get("timeout_s")) or 0.0
@@ -146,6 +181,8 @@ def intervals(events: list[dict[str, Any]], end: float) -> list[tuple[float, flo
             spans.append((previous_failure, ready, "restarts"))
         if stepped is not None:
             spans.append((stepped, stop, "training"))
+            if attempt in redone_until:
+                spans.append((stepped, min(stop, redone_until[attempt]), "redone"))
         if attempt in failed_at:
             spans.append((failed_at[attempt], stop, "hang waits" if _hung(events, attempt) else "restarts"))
             previous_failure = failed_at[attempt]
@@ -174,7 +211,7 @@ def breakdown(spans: list[tuple[float, float, str]], start: float, end: float) -
 
 
 def _priority(label: str) -> int:
-    ranks = {"hang waits": 0, "start-up": 1, "restarts": 2, "training": 9}
+    ranks = {"hang waits": 0, "start-up": 1, "restarts": 2, "redone": 7, "training": 9}
     return ranks.get(label, 5)  # checkpoints, evaluation, other phases: between
 
 
@@ -186,8 +223,9 @@ def analyse(run_dir: str) -> tuple[Goodput, list[dict[str, Any]]]:
     ends = [e["t"] for e in events if e["kind"] == "run_end"]
     finished = bool(ends)
     end = max(ends) if ends else max(e["t"] for e in events)
-    start = min(e["t"] for e in events)
-    spans = intervals(events, end)
+    started = [finite_time(e.get("process_start")) for e in events if e["kind"] == "run_start"]
+    start = min([e["t"] for e in events] + [t for t in started if t is not None])
+    spans = intervals(events, end, start)
     result = Goodput(run_dir=run_dir, start=start, end=end, parts=breakdown(spans, start, end),
                      attempts=len({e.get("attempt", 0) for e in events if e["kind"] == "attempt_start"}),
                      problems=problems, finished=finished)
@@ -247,8 +285,12 @@ def render(result: Goodput, events: list[dict[str, Any]]) -> str:
     lines.extend(timeline_line(e, result.start) for e in events)
     if not result.finished:
         lines.append("  (no run_end: the launcher is still running or was killed; the wall clock ends at the last event)")
-    lines.append(f"goodput: {100 * result.goodput:.1f}% (training {result.parts.get('training', 0.0):.2f}s of "
-                 f"{result.wall:.2f}s wall clock)")
+    lines.append(f"ETTR: {100 * result.ettr:.1f}% (useful training {result.parts.get('training', 0.0):.2f}s "
+                 f"of {result.wall:.2f}s wall clock, from the first clusterddp process start)")
+    lines.append(f"goodput: {100 * result.goodput:.1f}% (training, evaluation and the job's other phases)")
+    lost = result.lost
+    lines.append(f"lost: {sum(lost.values()):.2f}s = " + ", ".join(
+        f"{name} {seconds:.2f}s" for name, seconds in lost.items()))
     labels = [label for label in ORDER if label in result.parts] + sorted(set(result.parts) - set(ORDER))
     for label in labels:
         seconds = result.parts[label]
@@ -256,14 +298,30 @@ def render(result: Goodput, events: list[dict[str, Any]]) -> str:
         lines.append(f"  {clip(label, 40):<12} {seconds:9.2f}s  {share:5.1f}%")
     total = sum(result.parts.values())
     lines.append(f"  {'sum':<12} {total:9.2f}s  (wall clock {result.wall:.2f}s)")
+    interval = checkpoint_interval(result.run_dir)
+    if interval is not None:
+        lines.append(f"checkpoint interval: {clip(str(interval.get('line')), 400)}")
     lines.extend(f"note: {clip(problem, 200)}" for problem in result.problems)
     return "\n".join(lines)
 
 
+def checkpoint_interval(run_dir: str) -> dict[str, Any] | None:
+    """The interval ``checkpoint_every="auto"`` chose last, with why (clusterddp.train writes
+    ``checkpoint_interval.json`` beside the event log); None without one."""
+    try:
+        with open(os.path.join(run_dir, "checkpoint_interval.json")) as f:
+            data = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def as_json(result: Goodput, events: list[dict[str, Any]]) -> str:
     return json.dumps({"run_dir": result.run_dir, "start": result.start, "end": result.end,
-                       "wall_s": result.wall, "goodput": result.goodput, "parts_s": result.parts,
+                       "wall_s": result.wall, "ettr": result.ettr, "goodput": result.goodput,
+                       "lost_s": result.lost, "parts_s": result.parts,
                        "attempts": result.attempts, "finished": result.finished,
+                       "checkpoint_interval": checkpoint_interval(result.run_dir),
                        "problems": result.problems, "events": events}, indent=1)
 
 

@@ -48,6 +48,7 @@ _EXPORTS = {
     "progress": "display", "ScalarLogger": "display",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
     "TrainState": "checkpoint", "atomic_save": "checkpoint",
+    "Checkpointer": "asyncckpt", "newest_complete": "ckptstore", "CheckpointError": "ckptstore",
     "PreemptionHandler": "preempt", "Preempted": "preempt",
     "gather_results": "shards", "write_shard": "shards", "merge_shards": "shards",
     "train_one_epoch": "loop", "fit": "loop", "FitConfig": "loop", "FitResult": "loop",
@@ -76,6 +77,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the real names
     from clusterddp.train.amp import AMP_MODES, Amp, choose_amp
+    from clusterddp.train.asyncckpt import Checkpointer
+    from clusterddp.train.ckptstore import CheckpointError, newest_complete
     from clusterddp.train.checkpoint import TrainState, atomic_save, load_checkpoint, save_checkpoint
     from clusterddp.train.data import (IndexedDataset, ResumableDistributedSampler, ShardSampler,
                                        default_num_workers, make_eval_loader, make_train_loader,

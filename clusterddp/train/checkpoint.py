@@ -39,6 +39,7 @@ class TrainState:
     step: int = 0
     loss_sum: float = 0.0  # sum of the agreed mean losses of steps 0..step-1 of this epoch
     world_size: int = 1    # ranks that ran those steps (a step is world_size batches)
+    global_step: int = 0   # steps completed since the start of training, all epochs
 
 
 def capture_rng() -> dict[str, Any]:

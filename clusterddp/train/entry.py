@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, NoReturn
 
+from clusterddp.train.ckptstore import CheckpointError
 from clusterddp.train.dist import barrier, cleanup, get_rank
 from clusterddp.train.exitcodes import NONFINITE_LOSS_EXIT_CODE, PREEMPTED_EXIT_CODE
 from clusterddp.train.guard import NonFiniteError
@@ -47,6 +48,10 @@ def _call(main: Callable[[], int | None]) -> int:
     """``main()``'s exit code, with the library's agreed stops turned into codes."""
     try:
         return main() or 0
+    except CheckpointError as exc:  # bad input (a directory in use or unwritable): one line
+        if get_rank() == 0:
+            print(f"clusterddp.train: {exc}", file=sys.stderr, flush=True)
+        return 2
     except NonFiniteError as exc:  # a NaN loss, or weights refused by a checkpoint
         if get_rank() == 0:
             print(f"clusterddp.train: {exc}", file=sys.stderr, flush=True)

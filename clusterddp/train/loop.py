@@ -10,6 +10,8 @@ Scripts with unusual needs can use the pieces directly; the example jobs use ``f
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,18 +23,23 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from clusterddp.train.amp import Amp
-from clusterddp.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from clusterddp.train.asyncckpt import Checkpointer
+from clusterddp.train.checkpoint import TrainState, load_checkpoint
+from clusterddp.train.ckptstore import newest_complete, say
 from clusterddp.train.data import set_epoch
 from clusterddp.train.dist import DistContext, all_gather_objects
 from clusterddp.train.evaluation import evaluate, move_to
 from clusterddp.train.exitcodes import PREEMPTED_EXIT_CODE
 from clusterddp.train.guard import LAG, StepAgreement, StepVerdict
+from clusterddp.train.interval import INTERVAL_FILE, choose, read_history, run_dir_from_env
 from clusterddp.train.liveness import heartbeat
 from clusterddp.train.model import settle_buckets
 from clusterddp.train.preempt import DEFAULT_SIGNALS, Preempted, PreemptionHandler
 from clusterddp.train.display import ScalarLogger, progress
 
-#: File name of the rolling checkpoint inside ``checkpoint_dir``.
+#: File name of the newest checkpoint's state inside ``checkpoint_dir`` (a hard link kept
+#: for tools; resume picks by manifest, ``ckptstore``), and the whole checkpoint of older
+#: clusterddp versions, which ``resume="auto"`` still reads when no manifest is there.
 LAST_CHECKPOINT = "last.pt"
 
 Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -55,7 +62,14 @@ class FitConfig:
 
     epochs: int
     checkpoint_dir: str | None = None
-    resume: str | None = None  # a checkpoint path, "auto" (checkpoint_dir/last.pt if any), None
+    resume: str | None = None  # a checkpoint path, "auto" (newest complete in checkpoint_dir), None
+    checkpoint_every: int | str = 0  # also every N steps (0: epoch ends and preemption only);
+    # "auto": Young/Daly from the measured stall and the run records' failures (interval.py)
+    checkpoint_min_s: float = 60.0    # checkpoint_every="auto" keeps the interval within these
+    checkpoint_max_s: float = 3600.0
+    checkpoint_mode: str = "async"  # "async": written in the background; "sync": training waits
+    keep_checkpoints: int = 2  # complete checkpoints kept in checkpoint_dir
+    job_name: str | None = None  # recorded in manifests; resume ignores other jobs' checkpoints
     tensorboard_dir: str | None = None
     amp: bool | str = False  # True or "auto", "bf16", "fp16", False or "off" (amp.py)
     progress: bool | None = None  # rank-0 tqdm bar; None: only when stderr is a terminal
@@ -89,7 +103,10 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                     criterion: Criterion, ctx: DistContext, *, epoch: int, amp: Amp,
                     start: TrainState | None = None,
                     preemption: PreemptionHandler | None = None,
-                    show_progress: bool | None = None) -> EpochResult:
+                    show_progress: bool | None = None, global_step: int | None = None,
+                    save_every: int = 0,
+                    save: Callable[[TrainState], Any] | None = None,
+                    save_due: Callable[[int], bool] | None = None) -> EpochResult:
     """Run the loader's remaining batches; stop early, after a whole step, on preemption.
 
     ``start`` continues a partly run epoch (its step and loss sum); the loader must already
@@ -98,9 +115,19 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     and every verdict is read before this returns. So ``NonFiniteLossError`` is raised on
     every rank together at most one step after the bad loss (whose update was skipped on
     the device), and a preemption agreed at step k ends the epoch after step k+1.
+
+    ``global_step`` numbers the steps across epochs for the progress record (the report
+    counts redone steps with it); with ``save`` and ``save_every``, every step whose global
+    number is a multiple of it (and is not the epoch's last) is checkpointed: the pending
+    verdicts are read first, so no checkpoint holds an update after a non-finite loss.
     """
     model.train()
     step = start.step if start else 0
+    try:
+        epoch_steps: int | None = step + len(loader)
+    except TypeError:
+        epoch_steps = None
+    numbered = global_step if global_step is not None else 0
     tally = _Tally(step, start.loss_sum if start else 0.0)
     agreement = StepAgreement(ctx)
     bar = progress(loader, ctx, desc=f"epoch {epoch}", enabled=show_progress)
@@ -123,12 +150,21 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
             updating = time.perf_counter()
             amp.step(optimizer, skip=skip)
             step += 1
-            heartbeat(compute_s=compute + time.perf_counter() - updating)
+            numbered += 1
+            heartbeat(step=numbered if global_step is not None else None,
+                      compute_s=compute + time.perf_counter() - updating)
             if tally.read:  # host values only: the bar adds no sync
                 bar.set_description(f"epoch {epoch} loss {tally.loss_sum / tally.read:.4f}",
                                     refresh=False)
             if tally.preempt:
                 break
+            due = save_due(numbered) if save_due is not None else (
+                save_every > 0 and numbered % save_every == 0)
+            if save is not None and due and step != epoch_steps:
+                tally.add(agreement.settle(keep=0, stopped_at=step))
+                if tally.preempt:
+                    break  # the preemption save follows at once
+                save(TrainState(epoch, step, tally.loss_sum, ctx.world_size, numbered))
         tally.add(agreement.settle(keep=0, stopped_at=step))
     finally:
         bar.close()
@@ -137,19 +173,115 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                        preempted=tally.preempt)
 
 
-def resolve_resume(config: FitConfig) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh start."""
+def resolve_resume(config: FitConfig, ctx: DistContext | None = None) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start.
+
+    ``"auto"``: the newest checkpoint in ``checkpoint_dir`` whose manifest checks out (sizes
+    and sha256 of its file, the job name), each newer one ignored with one line on rank 0;
+    with no manifest there at all, an older clusterddp's ``last.pt``. Rank 0 looks (hashing
+    each file once) and every rank takes its answer.
+    """
     if config.resume is None:
         return None
     if config.resume == "auto":
         if config.checkpoint_dir is None:
             raise ValueError("resume='auto' needs a checkpoint_dir to look in")
-        path = Path(config.checkpoint_dir) / LAST_CHECKPOINT
-        return path if path.exists() else None
+        chosen: str | None = None
+        if ctx is None or ctx.is_main:
+            chosen = _newest(Path(config.checkpoint_dir), config.job_name)
+        if ctx is not None and ctx.distributed:
+            chosen = all_gather_objects(chosen)[0]
+        return Path(chosen) if chosen else None
     path = Path(config.resume)
     if not path.exists():
         raise FileNotFoundError(f"resume checkpoint {path} does not exist")
     return path
+
+
+def _every_steps(every: int | str) -> int:
+    if every == "auto":
+        return 0
+    if isinstance(every, int) and not isinstance(every, bool) and every >= 0:
+        return every
+    raise ValueError(f"checkpoint_every: {every!r} is not a number of steps or 'auto'")
+
+
+class AutoInterval:
+    """``checkpoint_every="auto"``: rank 0 picks the interval in steps (``interval.choose``)
+    after ``WARMUP`` steps and again after every save, from the stalls measured so far, the
+    step time since the last decision and the run records; every rank takes its answer at
+    the same step (one small all-gather), so all ranks checkpoint at the same steps."""
+
+    WARMUP = 10
+
+    def __init__(self, ctx: DistContext, checkpointer: Checkpointer, config: FitConfig,
+                 start_step: int) -> None:
+        self.ctx = ctx
+        self.checkpointer = checkpointer
+        self.config = config
+        self.next_at = start_step + self.WARMUP
+        self.decided = False
+        self.mark = (start_step, time.perf_counter())
+        self.every: int | None = None
+        self.run_dir = run_dir_from_env()
+
+    def due(self, step: int) -> bool:
+        if step < self.next_at:
+            return False
+        if not self.decided:
+            self.decide(step)
+            return False
+        return True
+
+    def decide(self, step: int) -> None:
+        every: int | None = None
+        if self.ctx.is_main:
+            now = time.perf_counter()
+            steps = max(1, step - self.mark[0])
+            stalls = self.checkpointer.stalls
+            stall = sorted(stalls)[len(stalls) // 2] if stalls else 0.0
+            choice = choose(stall, (now - self.mark[1]) / steps,
+                            read_history(self.run_dir, self.config.job_name),
+                            self.config.checkpoint_min_s, self.config.checkpoint_max_s)
+            every = choice.every_steps
+            if every != self.every:
+                line = choice.line(self.config.job_name)
+                say(line)
+                self._record(choice, line)
+            self.mark = (step, now)
+        self.every = all_gather_objects(every)[0]
+        self.decided = True
+        self.next_at = step + (self.every or 1)
+
+    def _record(self, choice: Any, line: str) -> None:
+        """For ``clusterddp report``: the latest choice, beside the run's event log."""
+        if not self.run_dir:
+            return
+        try:
+            Path(self.run_dir, INTERVAL_FILE).write_text(json.dumps(
+                {"line": line, "every_steps": choice.every_steps, "interval_s": choice.interval_s,
+                 "optimum_s": choice.optimum_s, "stall_s": choice.stall_s,
+                 "step_s": choice.step_s, "mtbf_s": choice.history.mtbf_s,
+                 "failures": choice.history.failures, "exposure_s": choice.history.exposure_s,
+                 "runs": choice.history.runs}) + "\n")
+        except OSError:
+            pass
+
+
+def _newest(directory: Path, job: str | None) -> str | None:
+    scan = newest_complete(directory, job=job)
+    for line in scan.ignored:
+        say(line)
+    if scan.newest is not None:
+        return str(scan.newest[0])
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    if any(n.startswith("ckpt-") or n.startswith(".ckpt-") for n in names):
+        return None  # checkpoints of this layout, none complete: start over (said above)
+    legacy = directory / LAST_CHECKPOINT
+    return str(legacy) if legacy.is_file() else None
 
 
 def _rescale(state: TrainState, ctx: DistContext, loader: DataLoader) -> TrainState:
@@ -167,7 +299,8 @@ def _rescale(state: TrainState, ctx: DistContext, loader: DataLoader) -> TrainSt
     step = min(per_epoch, state.step * state.world_size // ctx.world_size)
     _say(ctx, f"checkpoint was written by {state.world_size} rank(s), this run has "
               f"{ctx.world_size}: continuing epoch {state.epoch} at step {step} of {per_epoch}")
-    return TrainState(state.epoch, step, state.loss_sum * step / state.step, ctx.world_size)
+    return TrainState(state.epoch, step, state.loss_sum * step / state.step, ctx.world_size,
+                      state.global_step)
 
 
 def _say(ctx: DistContext, message: str) -> None:
@@ -200,14 +333,29 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
     """
     amp = Amp(ctx.device, enabled=config.amp)
     state = TrainState()
-    resume_from = resolve_resume(config)
+    resume_from = resolve_resume(config, ctx)
     if resume_from is not None:
         state, _ = load_checkpoint(resume_from, ctx, model=model, optimizer=optimizer,
                                    scheduler=scheduler, amp=amp)
         _say(ctx, f"resumed from {resume_from} at epoch {state.epoch} step {state.step}")
         state = _rescale(state, ctx, train_loader)
-    checkpoint = Path(config.checkpoint_dir) / LAST_CHECKPOINT if config.checkpoint_dir else None
+    checkpointer = (Checkpointer(config.checkpoint_dir, ctx, mode=config.checkpoint_mode,
+                                 keep=config.keep_checkpoints, job=config.job_name)
+                    if config.checkpoint_dir else None)
     result = FitResult(start_epoch=state.epoch)
+    global_step = state.global_step
+
+    auto = (AutoInterval(ctx, checkpointer, config, global_step)
+            if checkpointer is not None and config.checkpoint_every == "auto" else None)
+
+    def save(where: TrainState, wait: bool = False) -> str | None:
+        if checkpointer is None:
+            return None
+        saved = checkpointer.save(model=model, optimizer=optimizer, scheduler=scheduler,
+                                  amp=amp, state=where, wait=wait)
+        if auto is not None and not wait:
+            auto.decide(where.global_step)
+        return str(saved or checkpointer.directory)
     scalars = ScalarLogger(config.tensorboard_dir, ctx)
     handler = PreemptionHandler(config.preempt_signals) if config.preempt_signals else None
     if handler is not None:
@@ -218,14 +366,16 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
             set_epoch(train_loader, epoch, skip_batches=partial.step if partial else 0)
             trained = train_one_epoch(model, train_loader, optimizer, criterion, ctx,
                                       epoch=epoch, amp=amp, start=partial, preemption=handler,
-                                      show_progress=config.progress)
+                                      show_progress=config.progress, global_step=global_step,
+                                      save_every=_every_steps(config.checkpoint_every),
+                                      save=save, save_due=auto.due if auto else None)
+            global_step += trained.steps_done - (partial.step if partial else 0)
             if trained.preempted:
-                saved = None
-                if checkpoint is not None:
-                    where = TrainState(epoch, trained.steps_done, trained.loss_sum, ctx.world_size)
-                    saved = str(save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
-                                                scheduler=scheduler, amp=amp, state=where))
-                _leave_preempted(ctx, handler, epoch, trained.steps_done, saved)
+                # Written before exiting, async or not: the save in flight is waited for,
+                # then this one (SLURM's grace covers one write, not a queue of them).
+                where = TrainState(epoch, trained.steps_done, trained.loss_sum, ctx.world_size,
+                                   global_step)
+                _leave_preempted(ctx, handler, epoch, trained.steps_done, save(where, wait=True))
             if scheduler is not None:
                 scheduler.step()
             metrics = {"train/loss": trained.mean_loss,
@@ -240,12 +390,13 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
             scalars.log(metrics, epoch + 1)
             _say(ctx, line)
             result.history.append(metrics)
-            if checkpoint is not None:
-                save_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer,
-                                scheduler=scheduler, amp=amp,
-                                state=TrainState(epoch + 1, world_size=ctx.world_size))
+            save(TrainState(epoch + 1, world_size=ctx.world_size, global_step=global_step))
+        if checkpointer is not None:  # the last save is waited for, and its failure raised
+            checkpointer.wait(raise_on_failure=True)
     finally:
         if handler is not None:
             handler.uninstall()
+        if checkpointer is not None:
+            checkpointer.close()
         scalars.close()
     return result

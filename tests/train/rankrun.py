@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -48,7 +49,8 @@ class RankResult:
 
 
 def run_ranks(args: list[str], nproc: int = 2, timeout: float = 600.0,
-              env: dict[str, str] | None = None) -> list[RankResult]:
+              env: dict[str, str] | None = None, script: Path = SCENARIOS,
+              prefix: Sequence[str] = ()) -> list[RankResult]:
     """Run ``python scenarios.py ARGS`` as ``nproc`` ranks on loopback; wait for all.
 
     On timeout every rank still running is killed (by its own PID) and the test fails with
@@ -60,7 +62,7 @@ def run_ranks(args: list[str], nproc: int = 2, timeout: float = 600.0,
         contract = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                     "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(SCENARIOS), *args], cwd=REPO,
+        procs.append(subprocess.Popen([*prefix, sys.executable, str(script), *args], cwd=REPO,
                                       env=clean_env(**contract, **(env or {})),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout

@@ -155,9 +155,10 @@ def test_nan_before_a_checkpoint_is_caught_within_one_step_and_never_saved(
         assert (stop["epoch"], stop["step"]) == (1, 3), stop
         assert 0 <= stop["stopped_at"] - stop["step"] <= 1 and stop["calls"] == 8, stop
         assert stop["finite"], f"rank {rank} weights took the NaN update: {stop}"
-    files = sorted(ckpt.iterdir())
-    assert [f.name for f in files] == ["last.pt"]  # epoch 0's, nothing after the NaN
-    saved = torch.load(files[0], weights_only=True)
+    files = sorted(f.name for f in ckpt.iterdir())
+    # epoch 0's checkpoint (state, manifest, the last.pt link) and the run lock, nothing after the NaN
+    assert files == [".lock", "ckpt-000001.json", "ckpt-000001.pt", "last.pt"], files
+    saved = torch.load(ckpt / "last.pt", weights_only=True)
     assert saved["train_state"]["epoch"] == 1 and saved["train_state"]["step"] == 0
     tensors = [t for t in _all_tensors({k: saved[k] for k in ("model", "optimizer")})
                if t.is_floating_point()]

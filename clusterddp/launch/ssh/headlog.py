@@ -39,6 +39,7 @@ from typing import Sequence
 from clusterddp.atomicfile import WriteError, write_atomically
 from clusterddp.codetree.transfer import CodePlan
 from clusterddp.events import EventLog
+from clusterddp.launch.observe.runlog import process_start_time
 from clusterddp.launch.restart.policy import RestartPolicy, end_reason
 from clusterddp.launch.restart.verdict import Failure, verdict
 from clusterddp.launch.ssh.io import Console, RemoteLauncher
@@ -170,7 +171,7 @@ class HeadLog:
             return
         self.events = EventLog(run_dir, None, socket.gethostname())
         self.emit("run_start", job=self.job.name, hosts=list(hosts), restarts=self.job.restarts,
-                  hang_timeout=self.job.hang_timeout)
+                  hang_timeout=self.job.hang_timeout, process_start=process_start_time())
 
     def code_shipped(self, code: CodePlan, cwds: Sequence[str]) -> None:
         """The ``code`` event: the tree's hash, the git commit, whether there were uncommitted
