@@ -46,6 +46,7 @@ KINDS = (
     "unannounced_work",  # hang_timeout auto: a stall with no rank in a collective, allowed_s more
     "attempt_end",    # exit code, root cause, verdict ("restart"/"stop") and why
     "restart",        # the next attempt follows after backoff_s
+    "redone",         # a restarted attempt's steps up to where an earlier attempt had got: lost work
     "stop",           # told to stop from outside (a signal, the SSH session's end)
     "run_end",        # the launcher's exit code
 )

@@ -27,6 +27,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from clusterddp.protocol import EVENTS_GLOB
+
 #: The latest choice of a run, beside its event log (``clusterddp report`` prints it).
 INTERVAL_FILE = "checkpoint_interval.json"
 #: Exits that lose no work: success, and a preemption that wrote its checkpoint.
@@ -131,7 +133,7 @@ def read_history(run_dir: str | None, job: str | None, now: float | None = None)
 
 def _events(directory: str) -> list[dict[str, object]]:
     events: list[dict[str, object]] = []
-    for path in sorted(glob.glob(os.path.join(directory, "events*.jsonl"))):
+    for path in sorted(glob.glob(os.path.join(directory, EVENTS_GLOB))):
         try:
             with open(path, errors="replace") as f:
                 for line in f:
