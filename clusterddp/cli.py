@@ -95,7 +95,12 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "attach":
         from clusterddp.registry import detach, store
 
-        return detach.attach(store.find(args.run))
+        record = store.find(args.run)
+        if record.head:  # a detached SSH run: its console is on its head's host
+            from clusterddp.launch import remotehead
+
+            return remotehead.attach(record)
+        return detach.attach(record)
     if args.command == "ls":
         return _ls(args.json, args.refresh)
     if args.command == "pack":
@@ -121,6 +126,11 @@ def _ls(as_json: bool, refresh: bool) -> int:
     for problem in problems:
         print(f"clusterddp: warning: {validate.clip(problem, 300)}", file=sys.stderr)
     rows = [view.live(record, _goodput) for record in records]
+    heads = [row.record for row in rows if row.record.head and (refresh or row.state not in store.FINAL)]
+    if heads:  # detached SSH runs: each head's host asked once, for all its runs
+        from clusterddp.launch import remotehead
+
+        view.merge(rows, remotehead.refresh(heads))
     for name in SCHEDULERS:  # one question per platform, for all its runs at once
         asked = [row.record for row in rows if row.record.target == name and (refresh or row.state not in store.FINAL)]
         if asked:
@@ -146,6 +156,19 @@ def _by_run_id(action: str, argv: list[str]) -> int:
     args = parser.parse_args(argv)
     record = store.find(args.run)
     follow, rank = getattr(args, "follow", False), getattr(args, "rank", None)
+    if record.head:  # a detached SSH run: its head's host answers
+        from clusterddp.launch import remotehead
+
+        if action == "stop":
+            return remotehead.stop(record)
+        if action == "logs":
+            return remotehead.command(record, ["logs", record.run_id, *(["-f"] if follow else []),
+                                               *(["--rank", str(rank)] if rank is not None else [])])
+        row = view.live(record)
+        view.merge([row], remotehead.refresh([record]) if record.state not in store.FINAL else {})
+        for line in view.status_lines(row, store.now()):
+            print(line)
+        return 0
     if record.target in ("local", "ssh"):
         if action == "stop":
             return local.stop(record)
@@ -465,7 +488,8 @@ def _run(args: argparse.Namespace) -> int:
         if options.dry_run:
             return run_fanout(job, fanout_options(options))
         options = _with_run_id(job, options)
-        return _tracked("ssh", job, options, lambda: run_fanout(job, fanout_options(options)), hosts=[])
+        return _tracked("ssh", job, options, lambda: run_fanout(job, fanout_options(options)), hosts=[],
+                        console=console)
     from clusterddp.launch.local import run_local
 
     if not _records_itself(job, options):  # a node of a bigger run: whoever started it records it
@@ -480,18 +504,20 @@ def _detach(job: JobSpec, options: RunOptions, argv: list[str]) -> int:
     from clusterddp.launch.options import wants_fanout
     from clusterddp.registry import detach
 
-    if wants_fanout(job, options):
-        raise ClusterDDPError(f"{job.where('detach')}: an SSH run cannot detach yet (local runs only)",
-                              "leave out --detach (or detach: true) for a hostfile run")
-    if not _records_itself(job, options):
+    fanout = wants_fanout(job, options)
+    if not fanout and not _records_itself(job, options):
         raise ClusterDDPError(f"{job.where('detach')}: only a run this machine starts alone can detach, "
                               "not a node placed by flags or a scheduler")
     options = _with_run_id(job, options)
     run_id = str(options.run_id)
     name = {row.dest: row.name for row in flags.RUN_FLAGS}  # the flags as their rows spell them
     own, script = (argv[1:], []) if "--" not in argv else (argv[1:argv.index("--")], argv[argv.index("--"):])
-    child = [sys.executable, "-m", "clusterddp", "run", *[a for a in own if a != name["detach"]],
-             name["run_id"], run_id, *script]
+    args = [*[a for a in own if a != name["detach"]], name["run_id"], run_id, *script]
+    if fanout:  # the head goes to the first host (clusterddp.launch.remotehead)
+        from clusterddp.launch.remotehead import detach as detach_ssh
+
+        return detach_ssh(job, options, args)
+    child = [sys.executable, "-m", "clusterddp", "run", *args]
     run_dir = os.path.abspath(os.path.join(job.logs.dir, run_id))
     proc, console = detach.start(child, run_dir, os.environ)
     if not detach.wait_running(proc, run_id, run_dir):

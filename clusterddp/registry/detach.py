@@ -79,13 +79,25 @@ def _parent(pid: str) -> str:
         return ""
 
 
-def rank_processes(run_id: str) -> int:
+def _netns(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def rank_processes(run_id: str, same_netns: bool = False) -> int:
     """Processes running a rank of ``run_id`` (the launcher gives each worker
-    ``TORCHELASTIC_RUN_ID``); a warm start's zygote is not one, the workers it forks are."""
+    ``TORCHELASTIC_RUN_ID``); a warm start's zygote is not one, the workers it forks are.
+    ``same_netns``: only those in this process's network namespace (a host's own ranks where
+    hosts share a pid space, as the SSH test bed's namespaces do)."""
     needle = f"TORCHELASTIC_RUN_ID={run_id}".encode()
+    mine = _netns("self") if same_netns else ""
     count = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or not _environ_has(pid, needle) or zombie(int(pid)):
+            continue
+        if same_netns and _netns(pid) != mine:
             continue
         command = _cmdline(pid)
         if b"zygote" in command and b"zygote" not in _cmdline(_parent(pid)):
