@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.ssh.conftest import REPO, write_job
-from tests.testbed import SSHLab, namespaces  # noqa: F401  (the acceptance test cuts the bridge)
+from tests.testbed import SSHLab, namespaces
 from tests.testbed.netns import BRIDGE, BRIDGE_IP
 from tests.testbed.patience import patient
 
@@ -138,3 +138,100 @@ def test_a_refused_detached_run_prints_the_heads_line_and_its_code(lab2: SSHLab,
     missing = write_job(lab2, str(tmp_path / "missing.py"), name="missing")
     local = cddp(home, tmp_path, "run", str(missing), "--hostfile", str(lab2.hostfile), "--detach")
     assert local.returncode == 2 and local.stderr.count("\n") == 1 and "no such file" in local.stderr, local.stderr
+
+
+#: The typing side stays cut off at least this long: past the launchers' keepalive timeout and
+#: sshd's ClientAlive (15 s), so a head that still needed this machine would have failed.
+CUT_AT_LEAST = 20.0
+
+
+def _typing_side(home: Path) -> list[int]:
+    """This machine's clusterddp processes of the test's registry (the root namespace: the
+    hosts' namespaces are the cluster)."""
+    mine = os.readlink("/proc/self/ns/net")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") != mine or int(pid) == os.getpid():
+                continue
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"clusterddp" in command and f"CLUSTERDDP_HOME={home}".encode() in environ:
+            found.append(int(pid))
+    return found
+
+
+def test_acceptance_the_run_outlives_the_typing_side_and_a_dead_host(lab3: SSHLab, tmp_path: Path) -> None:
+    """Issue 33's SSH acceptance: a 3-host job (nodes 2:3, restarts 2, a gloo step loop that
+    checkpoints every step, tests/bin/transient_fault.py) started with run --detach; then every
+    clusterddp process of the typing side SIGKILLed (an attach following it) and the typing side
+    cut off from every host (its address taken off the bridge: the hosts still reach each
+    other); cdssh3 killed mid-run (its link cut, every process in it SIGKILLed). The head on
+    cdssh1 restarts the job on cdssh1+2 from the checkpoint and it finishes while the typing
+    side is still cut off. With the link back: ls says finished, exit 0, 2 attempts; attach
+    prints the whole console (every line of every rank's log, in order); nothing is left."""
+    home = tmp_path / "home"
+    job = write_job(lab3, str(REPO / "tests" / "bin" / "transient_fault.py"), nproc=1, name="accept",
+                    args=["link", str(tmp_path)], env={"OMP_NUM_THREADS": "1"})
+    data = yaml.safe_load(job.read_text())
+    data.update({"nodes": "2:3", "restarts": 2, "python": sys.executable})
+    job.write_text(yaml.safe_dump(data))
+    run_id, _ = detach(home, tmp_path, job, lab3)
+    run_dir = tmp_path / "logs" / run_id
+    follower = started(home, tmp_path, "attach", run_id)
+    wait_until(lambda: follower.pid in _typing_side(home), 30, "the attach to start")
+    typing = _typing_side(home)
+    for pid in typing:
+        os.kill(pid, signal.SIGKILL)
+    follower.wait()
+    namespaces.ip("addr", "del", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+    cut = time.monotonic()
+    try:
+        wait_until(lambda: (tmp_path / "fault.pid").exists(), 120, "rank 2 (cdssh3) to reach step 2")
+        dead = lab3.host("cdssh3")  # before the others' 60 s all_reduce timeout
+        lab3.cut(dead)
+        for pid in lab3.processes(dead, include_sshd=True):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        asked = time.monotonic()
+        [unreachable] = runs(home, tmp_path)
+        asked = time.monotonic() - asked
+        assert unreachable["state"] == "running" and "not checked" in unreachable["note"], unreachable
+        head_record_there = run_dir / "registry" / "runs" / f"{run_id}.json"
+        wait_until(lambda: json.loads(head_record_there.read_text()).get("state") != "running", 180,
+                   "the head on cdssh1 to end the run")
+        finished_cut = time.monotonic() - cut
+        time.sleep(max(0.0, CUT_AT_LEAST - finished_cut))
+        assert not _typing_side(home)
+    finally:
+        namespaces.ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+    cut_for = time.monotonic() - cut
+    [row] = runs(home, tmp_path)
+    assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 2), row
+    attach = cddp(home, tmp_path, "attach", run_id)
+    assert attach.returncode == 0, attach.stdout + attach.stderr
+    printed = attach.stdout.splitlines()
+    assert printed == Path(row["run_dir"], "console.log").read_text().splitlines()
+    for rank in (0, 1):
+        assert f"rank {rank} finished at step 4 (attempt 1, resumed at 2)" in attach.stdout, attach.stdout
+    for log in sorted(run_dir.glob("rank[01].log")):  # cdssh3's rank 2 log ends with its host
+        lines = [line for line in log.read_text().splitlines() if line and not line.startswith("--- clusterddp: restart")]
+        shown = iter(printed)
+        assert all(any(p.endswith(line) for p in shown) for line in lines), (log.name, lines, printed)
+    console = attach.stdout + attach.stderr
+    assert re.search(r"attempt 1: 3 host\(s\) \(world size 3\) .*cdssh3.*: exit", console), console
+    assert re.search(r"attempt 2: 2 host\(s\) \(world size 2\) cdssh1,cdssh2: finished", console), console
+    live = [h for h in lab3.hosts if h.name != "cdssh3"]
+    deadline = time.monotonic() + patient(20)
+    while any(lab3.processes(h) for h in live) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(lab3.processes(h) for h in live), {h.name: lab3.processes(h) for h in live}
+    assert not lab3.processes(lab3.host("cdssh3"), include_sshd=True)
+    print(f"typing side: {len(typing)} clusterddp process(es) SIGKILLed, cut off for {cut_for:.1f}s; "
+          f"the run ended {finished_cut:.1f}s into the cut: {row['state']}, exit {row['exit_code']}, "
+          f"{row['attempts']} attempts; attach printed {len(printed)} lines; ls while cut off: {asked:.1f}s, "
+          f"{unreachable['note']}")
