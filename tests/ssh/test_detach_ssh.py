@@ -84,6 +84,20 @@ def test_a_detached_head_lives_on_the_first_host_and_stop_ends_every_rank(lab2: 
     assert (row["state"], row["target"], row["detached"]) == ("running", "ssh", True), row
     status = cddp(home, tmp_path, "status", run_id)
     assert "state:       running" in status.stdout, status.stdout + status.stderr
+    follower = started(home, tmp_path, "attach", run_id)  # Ctrl-C leaves the run going
+    assert follower.stdout is not None
+    seen = [follower.stdout.readline() for _ in range(2)]
+    assert seen[0].startswith("clusterddp: 2 hosts") and "preflight passed" in seen[1], seen
+    while sum("ready rank" in line for line in seen) < 4:  # every rank's first line, relayed from cdssh1
+        seen.append(follower.stdout.readline())
+        assert seen[-1], seen
+    follower.send_signal(signal.SIGINT)
+    _, err = follower.communicate(timeout=patient(30))
+    assert follower.returncode == 0 and f"detached from run {run_id}; it goes on" in err, err
+    logs = cddp(home, tmp_path, "logs", run_id, "--rank", "3")
+    assert logs.returncode == 0 and "ready rank 3 on cdssh2" in logs.stdout, logs.stdout + logs.stderr
+    [again] = runs(home, tmp_path)
+    assert again["state"] == "running", again
     stop = cddp(home, tmp_path, "stop", run_id)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     clean, _, left = lab2.wait_clean(15)
