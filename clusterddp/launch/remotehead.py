@@ -5,10 +5,10 @@ off), so its head cannot live there. It goes to the first host of the hostfile (
 fixed-size job): a host the run already depends on, so detaching adds no machine that can fail
 it. The command connects there over the same SSH (paramiko, host keys checked) the head uses,
 starts ``clusterddp run`` there in its own session (``registry.remote.boot``: setsid, stdin
-/dev/null, its console appended to ``<run dir>/console.log`` on that host, its registry in
-``<run dir>/registry``), and returns once every rank of the first attempt runs (each host of
-the head's ``launcher.json`` counts its own, ``registry.remote.count``), or with the head's own
-refusal and exit code when it ended first. The head there is the ordinary ``HeadLoop``:
+/dev/null, its console appended to ``<run dir>/console.log`` on that host, its registry that
+host's own, or ``$CLUSTERDDP_HEAD_HOME`` as this side gives it), and returns once every rank
+of the first attempt runs (each host of the head's ``launcher.json`` counts its own,
+``registry.remote.count``), or with the head's own refusal and exit code when it ended first. The head there is the ordinary ``HeadLoop``:
 fail-fast, restarts, spares, in-place restarts and hang rules are the same.
 
 What a user needs: the head's host reaches every other host by SSH with what it has *there*
@@ -43,7 +43,7 @@ from clusterddp.launch.ssh.hosts import Host
 from clusterddp.launch.ssh.reach import ConnectError, ConnectSettings, open_client
 from clusterddp.registry import store, track
 from clusterddp.registry.detach import CONSOLE_FILE, DETACHED_ENV
-from clusterddp.registry.remote import HEAD_HOME
+from clusterddp.registry.remote import HEAD_HOME_ENV
 from clusterddp.registry.store import FINAL, RunRecord
 from clusterddp.spec import JobSpec
 from clusterddp.validate import clip
@@ -108,20 +108,21 @@ def detach(job: JobSpec, options: RunOptions, child_args: Sequence[str]) -> int:
     run_id = launch.run_id
     first = launch.hosts[0]
     run_dir = os.path.normpath(os.path.join(launch.cwd, job.logs.dir, run_id))
-    console, home = os.path.join(run_dir, CONSOLE_FILE), os.path.join(run_dir, HEAD_HOME)
+    console = os.path.join(run_dir, CONSOLE_FILE)
     # What the head would read from this machine's environment: the variables the job forwards
     # (env_passthrough, ssh.env_allow) and the CLUSTERDDP_* flag fallbacks. Sent on stdin,
     # never on a command line; the head masks the passthrough ones as it always does.
     env = {k: os.environ[k] for k in launch.base_env if k in os.environ and k not in job.env}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("CLUSTERDDP_") and k != store.HOME_ENV})
-    env.update({store.HOME_ENV: home, DETACHED_ENV: console})
+    env.update({k: v for k, v in os.environ.items()
+                if k.startswith("CLUSTERDDP_") and k not in (store.HOME_ENV, HEAD_HOME_ENV)})
+    env[DETACHED_ENV] = console
     request = {"argv": [launch.python, "-m", "clusterddp", "run", *child_args], "env": env, "cwd": launch.cwd,
-               "console": console, "run_dir": run_dir}
+               "console": console, "run_dir": run_dir, "home": os.environ.get(HEAD_HOME_ENV, "")}
     clients: dict[str, paramiko.SSHClient] = {first.name: _connect(first, launch.settings)}
     try:
         boot = _Lines(_exec(clients[first.name], remote_python(launch.python, "boot")))
         boot.channel.sendall(json.dumps(request).encode() + b"\n")
-        head = _first(boot, first)
+        head, home = _first(boot, first)
         record = track.begin("ssh", run_id, job.name, run_dir, job_file=job.source,
                              hosts=[h.name for h in launch.hosts], where=f"head on {first.name}", launcher=False,
                              console=console, detached=True,
@@ -147,14 +148,14 @@ def detach(job: JobSpec, options: RunOptions, child_args: Sequence[str]) -> int:
     return 0
 
 
-def _first(boot: _Lines, host: Host) -> dict[str, Any]:
-    """The head's identity, as ``boot`` reports it first."""
+def _first(boot: _Lines, host: Host) -> tuple[dict[str, Any], str]:
+    """The head's identity and its registry there, as ``boot`` reports them first."""
     deadline = time.monotonic() + START_WAIT
     while time.monotonic() < deadline:
         alive = boot.poll()
         for message in boot.take():
             if "head" in message and isinstance(message["head"], dict):
-                return message["head"]
+                return message["head"], str(message.get("home", ""))
             if "error" in message:
                 raise RemoteError(f"{host.name}: {clip(str(message['error']), 300)}")
         if not alive:

@@ -8,13 +8,14 @@ importable there), and talks to the typing side in JSON lines on stdout:
 
 - ``boot``: start the head in its own session (``setsid``; stdin /dev/null; stdout and stderr
   appended to its console file in the run dir on that host; the environment the typing side
-  sent on stdin, so no value reaches a command line); then report the head's identity, its
-  ``launcher.json`` once it is written, and its exit code if it ends while the typing side
-  still waits. The typing side closing stdin (done, or killed) ends ``boot`` only.
+  sent on stdin, so no value reaches a command line; its registry that host's own, off the log
+  disk, so a full log disk does not cost the record of the run's end); then report the head's
+  identity and registry, its ``launcher.json`` once it is written, and its exit code if it
+  ends while the typing side still waits. The typing side closing stdin (done, or killed) ends ``boot`` only.
 - ``count``: the processes running a rank of a run in this host's network namespace, each
   time that number changes, until stdin closes.
 - ``answer``: each asked run's row (``view.live`` judged here, where its head's pid means
-  something) from the head's own registry in its run dir: one call for all the runs of a host.
+  something) from the head's registry there: one call for all the runs of a host.
 - ``command``: ``clusterddp ACTION RUN ...`` with that registry (``attach``, ``logs``,
   ``stop``), ended when the typing side closes stdin (Ctrl-C on ``attach``), so nothing of it
   outlives the one who asked.
@@ -34,8 +35,9 @@ from typing import Any
 
 #: Seconds between two looks (for the head's end, for ranks, for launcher.json).
 POLL = 0.05
-#: The head's own registry: ``CLUSTERDDP_HOME`` of the detached head, inside its run dir.
-HEAD_HOME = "registry"
+#: Where the detached head's registry goes on its host, when the typing side says (else that
+#: host's own registry, ``store.home()`` in its login environment).
+HEAD_HOME_ENV = "CLUSTERDDP_HEAD_HOME"
 
 
 def _say(message: dict[str, Any]) -> None:
@@ -55,6 +57,7 @@ def boot() -> None:
     """Start the head (see the module's docstring); its identity, launcher.json, early end."""
     from clusterddp.procid import ProcessIdentity, boot_id, start_time
     from clusterddp.protocol import BadLauncherFile, read_launcher_file
+    from clusterddp.registry import store
 
     request = json.loads(sys.stdin.readline())
     console, run_dir = str(request["console"]), str(request["run_dir"])
@@ -66,6 +69,8 @@ def boot() -> None:
         _say({"error": f"cannot create the console file {console}: {exc.strerror}"})
         return
     env = {**os.environ, **{str(k): str(v) for k, v in request["env"].items()}}
+    home = str(request.get("home") or store.home(os.environ))
+    env[store.HOME_ENV] = home
     pid = os.fork()
     if pid == 0:  # the head: its own session, no terminal, console to the file
         try:
@@ -81,7 +86,7 @@ def boot() -> None:
     os.close(fd)
     os.close(null)
     me = ProcessIdentity(pid, start_time(pid), boot_id(), os.uname().nodename)
-    _say({"head": {**me.as_record(), "host": me.host}})
+    _say({"head": {**me.as_record(), "host": me.host}, "home": home})
     told = False
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)

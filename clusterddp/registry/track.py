@@ -21,7 +21,12 @@ from clusterddp.validate import clip
 
 
 def _warn(what: str, exc: Exception) -> None:
-    print(f"clusterddp: warning: the run registry: {what}: {clip(str(exc), 300)}", file=sys.stderr)
+    """One line; a stderr that cannot take it either (a detached run's console on the same
+    full disk) loses the line, never the run's exit code."""
+    try:
+        print(f"clusterddp: warning: the run registry: {what}: {clip(str(exc), 300)}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def begin(target: str, run_id: str, job: str, run_dir: str, *, job_file: str | None = None,

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -31,16 +31,22 @@ from tests.testbed.patience import patient
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
+def _env(home: Path) -> dict[str, str]:
+    """The test's registry here, and the detached head's on its host beside it (else the head
+    would record into root's own registry on the shared filesystem)."""
+    return {**os.environ, "CLUSTERDDP_HOME": str(home), "CLUSTERDDP_HEAD_HOME": str(home.parent / "head-home")}
+
+
 def cddp(home: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``clusterddp ARGS`` on the typing side, with the test's registry."""
-    env = {**os.environ, "CLUSTERDDP_HOME": str(home)}
+    env = _env(home)
     env.pop("CLUSTERDDP_HOSTFILE", None)
     return subprocess.run([sys.executable, "-m", "clusterddp", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=patient(timeout), stdin=subprocess.DEVNULL)
 
 
 def started(home: Path, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "CLUSTERDDP_HOME": str(home)}
+    env = _env(home)
     return subprocess.Popen([sys.executable, "-m", "clusterddp", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
@@ -215,7 +221,7 @@ def test_acceptance_the_run_outlives_the_typing_side_and_a_dead_host(lab3: SSHLa
         [unreachable] = runs(home, tmp_path)
         asked = time.monotonic() - asked
         assert unreachable["state"] == "running" and "not checked" in unreachable["note"], unreachable
-        head_record_there = run_dir / "registry" / "runs" / f"{run_id}.json"
+        head_record_there = home.parent / "head-home" / "runs" / f"{run_id}.json"
         wait_until(lambda: json.loads(head_record_there.read_text()).get("state") != "running", 180,
                    "the head on cdssh1 to end the run")
         finished_cut = time.monotonic() - cut
@@ -249,3 +255,46 @@ def test_acceptance_the_run_outlives_the_typing_side_and_a_dead_host(lab3: SSHLa
           f"the run ended {finished_cut:.1f}s into the cut: {row['state']}, exit {row['exit_code']}, "
           f"{row['attempts']} attempts; attach printed {len(printed)} lines; ls while cut off: {asked:.1f}s, "
           f"{unreachable['note']}")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, mounted before the lab starts (each host's sshd copies this mount table
+    then, so the hosts share it, as an NFS log directory), unmounted afterwards."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_detached_head_on_a_full_disk_runs_the_job_to_its_end(tiny_disk: Path, lab2: SSHLab,
+                                                                tmp_path: Path) -> None:
+    """The run's logs (the head's console and registry on cdssh1, every rank's log) on a 1 MiB
+    disk that each rank fills (2 MiB each, tests/bin/flood.py), rank 1 then failing with exit
+    3: the detached head runs the job to its end (its console, on that disk, losing what does not
+    fit) and its end is known here (its registry is its host's, off the log disk): ls says
+    failed, exit 3; attach exits 3; nothing is left on any host."""
+    home = tmp_path / "home"
+    job = write_job(lab2, str(REPO / "tests" / "bin" / "flood.py"), nproc=1, name="fill", args=["2", "1"])
+    data = yaml.safe_load(job.read_text())
+    data["logs"] = {"dir": str(tiny_disk)}
+    job.write_text(yaml.safe_dump(data))
+    done = cddp(home, tmp_path, "run", str(job), "--hostfile", str(lab2.hostfile), "--detach")
+    assert done.returncode in (0, 3), done.stdout + done.stderr  # 3: it ended before every rank was counted
+    run_id = json.loads(next((home / "runs").glob("*.json")).read_text())["run_id"]
+    wait_until(lambda: runs(home, tmp_path)[0]["state"] not in ("running", "pending"), 120, "the run's end")
+    [row] = runs(home, tmp_path)
+    assert (row["state"], row["exit_code"]) == ("failed", 3), row
+    attach = cddp(home, tmp_path, "attach", run_id)
+    assert attach.returncode == 3, attach.stdout[-2000:] + attach.stderr[-2000:]
+    free = os.statvfs(tiny_disk)
+    assert free.f_bavail * free.f_frsize < 64 * 1024, "the disk never filled up"
+    clean, _, left = lab2.wait_clean(15)
+    assert clean, left
