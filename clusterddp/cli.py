@@ -95,7 +95,12 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "attach":
         from clusterddp.registry import detach, store
 
-        return detach.attach(store.find(args.run))
+        record = store.find(args.run)
+        if record.head:  # a detached SSH run: its console is on its head's host
+            from clusterddp.launch import remotehead
+
+            return remotehead.attach(record)
+        return detach.attach(record)
     if args.command == "ls":
         return _ls(args.json, args.refresh)
     if args.command == "pack":
@@ -121,6 +126,11 @@ def _ls(as_json: bool, refresh: bool) -> int:
     for problem in problems:
         print(f"clusterddp: warning: {validate.clip(problem, 300)}", file=sys.stderr)
     rows = [view.live(record, _goodput) for record in records]
+    heads = [row.record for row in rows if row.record.head and (refresh or row.state not in store.FINAL)]
+    if heads:  # detached SSH runs: each head's host asked once, for all its runs
+        from clusterddp.launch import remotehead
+
+        view.merge(rows, remotehead.refresh(heads))
     for name in SCHEDULERS:  # one question per platform, for all its runs at once
         asked = [row.record for row in rows if row.record.target == name and (refresh or row.state not in store.FINAL)]
         if asked:
@@ -146,6 +156,19 @@ def _by_run_id(action: str, argv: list[str]) -> int:
     args = parser.parse_args(argv)
     record = store.find(args.run)
     follow, rank = getattr(args, "follow", False), getattr(args, "rank", None)
+    if record.head:  # a detached SSH run: its head's host answers
+        from clusterddp.launch import remotehead
+
+        if action == "stop":
+            return remotehead.stop(record)
+        if action == "logs":
+            return remotehead.command(record, ["logs", record.run_id, *(["-f"] if follow else []),
+                                               *(["--rank", str(rank)] if rank is not None else [])])
+        row = view.live(record)
+        view.merge([row], remotehead.refresh([record]) if record.state not in store.FINAL else {})
+        for line in view.status_lines(row, store.now()):
+            print(line)
+        return 0
     if record.target in ("local", "ssh"):
         if action == "stop":
             return local.stop(record)

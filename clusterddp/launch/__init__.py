@@ -8,6 +8,8 @@ Where to look, by what you are after (each package's ``__init__`` maps its modul
 - ``local``: ``run_local``, ``clusterddp run`` on one node: plan, check, supervise
 - ``options``, ``flags``: the run's options records and the table of run flags (leaves)
 - ``doctor``: ``clusterddp doctor``, a fan-out run with a built-in worker
+- ``remotehead``: ``run --detach`` of a hostfile run: the SSH head started on the first host,
+  and ``attach``/``logs``/``stop``/``ls`` of it from the typing machine
 - ``start/``: from the job to running workers: plan, environment, bootstrap, warm start
 - ``teardown/``: nothing outlives the launcher: process trees, cgroup, reaper
 - ``supervise/``: the local supervisor's loop and what it watches: signals, stdin, hangs
@@ -18,7 +20,7 @@ Where to look, by what you are after (each package's ``__init__`` maps its modul
 A package imports only the ones below it, never up (tests/core/test_layers.py keeps it)::
 
     run
-    local  doctor
+    local  doctor  remotehead
     ssh
     supervise
     restart

@@ -200,7 +200,8 @@ RUN_FLAGS: tuple[Flag, ...] = (
          text(validate.path_problem), job_key="code.dir", to_job=_absolute, metavar="DIR"),
     Flag("--dry-run", SUPERVISION, "print ranks, commands and env; start nothing"),
     Flag("--detach", SUPERVISION, "return once every rank runs; the run goes on in its own session, its "
-         "console in logs/<run-id>/console.log ('clusterddp attach RUN'; local runs only)", job_key="detach"),
+         "console in logs/<run-id>/console.log ('clusterddp attach RUN'); a hostfile run's head goes to its "
+         "first host", job_key="detach"),
     Flag("--restarts", SUPERVISION, "restart the local group up to N times",
          checked(integer, validate.non_negative_problem), variable=True, job_key="restarts", passed_on=True),
     Flag("--grace-period", SUPERVISION, "seconds between SIGTERM and SIGKILL at teardown",

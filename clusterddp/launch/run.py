@@ -46,7 +46,7 @@ def run(job: JobSpec, options: RunOptions, argv: list[str], env: MutableMapping[
     if not recorded:  # a node of a bigger run, or a dry run: whoever started it records it
         return start()
     return tracked("ssh" if fanout else "local", job, options, start, goodput,
-                   hosts=[] if fanout else None, console=None if fanout else console)
+                   hosts=[] if fanout else None, console=console)
 
 
 def records_itself(job: JobSpec, options: RunOptions, fanout: bool, env: MutableMapping[str, str]) -> bool:
@@ -68,20 +68,26 @@ def start_detached(job: JobSpec, options: RunOptions, argv: list[str], fanout: b
     back once every rank runs, or with the launcher's own refusal when it ended first."""
     from clusterddp.registry import detach
 
-    if fanout:
-        raise ClusterDDPError(f"{job.where('detach')}: an SSH run cannot detach yet (local runs only)",
-                              "leave out --detach (or detach: true) for a hostfile run")
-    if not recorded:
+    if not fanout and not recorded:
         raise ClusterDDPError(f"{job.where('detach')}: only a run this machine starts alone can detach, "
                               "not a node placed by flags or a scheduler")
     run_id = str(options.run_id)
     name = {row.dest: row.name for row in flags.RUN_FLAGS}  # the flags as their rows spell them
     own, script = (argv[1:], []) if "--" not in argv else (argv[1:argv.index("--")], argv[argv.index("--"):])
-    child = [sys.executable, "-m", "clusterddp", "run", *[a for a in own if a != name["detach"]],
-             name["run_id"], run_id, *script]
+    args = [*[a for a in own if a != name["detach"]], name["run_id"], run_id, *script]
+    if fanout:  # the head goes to the first host (clusterddp.launch.remotehead)
+        from clusterddp.launch.remotehead import detach as detach_ssh
+
+        return detach_ssh(job, options, args)
+    child = [sys.executable, "-m", "clusterddp", "run", *args]
     run_dir = os.path.abspath(os.path.join(job.logs.dir, run_id))
     proc, console = detach.start(child, run_dir, os.environ)
     if not detach.wait_running(proc, run_id, run_dir):
+        if proc.returncode == 0:  # a short job: it ran and ended before its ranks were seen
+            print(run_id)
+            print(f"clusterddp: run {run_id} detached and already finished (exit 0); its console: {console}\n"
+                  f"  clusterddp attach {run_id}", file=sys.stderr)
+            return 0
         with open(console, "rb") as f:  # its own refusal, as 'run' would have printed it
             sys.stderr.write(f.read(1 << 16).decode("utf-8", "replace"))
         return proc.returncode

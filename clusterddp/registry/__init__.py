@@ -11,4 +11,6 @@ read runs) and above the leaves it builds on (``atomicfile``, ``redact``, ``proc
 - ``view``: a record with what is true now (``lost``, ``restarting``), as ``ls`` and ``status`` show it
 - ``local``: ``status``/``logs``/``stop`` of a run started here (local launcher, SSH head)
 - ``logs``: print and follow a run's log files
+- ``remote``: what a detached SSH run's head host runs for the typing machine: the head's start,
+  its ranks counted, its rows, its commands (``launch.remotehead`` is the typing side)
 """

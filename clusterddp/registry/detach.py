@@ -79,17 +79,40 @@ def _parent(pid: str) -> str:
         return ""
 
 
-def rank_processes(run_id: str) -> int:
+def _netns(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def _zygote_itself(pid: str) -> bool:
+    """A process with the zygote's command line is the zygote, not a worker it forked, when its
+    stdout is its own log (``zygote.node<N>.log``); a forked worker writes to the launcher's
+    pipe. Where fd 1 cannot be read: when its parent is not a zygote (a forked worker's parent
+    may be the zygote, or the launcher once reparented, so this is the weaker rule)."""
+    try:
+        out = os.path.basename(os.readlink(f"/proc/{pid}/fd/1"))
+    except OSError:
+        return b"zygote" not in _cmdline(_parent(pid))
+    return out.startswith("zygote") and out.endswith(".log")
+
+
+def rank_processes(run_id: str, same_netns: bool = False) -> int:
     """Processes running a rank of ``run_id`` (the launcher gives each worker
-    ``TORCHELASTIC_RUN_ID``); a warm start's zygote is not one, the workers it forks are."""
+    ``TORCHELASTIC_RUN_ID``); a warm start's zygote is not one, the workers it forks are.
+    ``same_netns``: only those in this process's network namespace (a host's own ranks where
+    hosts share a pid space, as the SSH test bed's namespaces do)."""
     needle = f"TORCHELASTIC_RUN_ID={run_id}".encode()
+    mine = _netns("self") if same_netns else ""
     count = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or not _environ_has(pid, needle) or zombie(int(pid)):
             continue
-        command = _cmdline(pid)
-        if b"zygote" in command and b"zygote" not in _cmdline(_parent(pid)):
-            continue  # the zygote itself: its children are the ranks
+        if same_netns and _netns(pid) != mine:
+            continue
+        if b"zygote" in _cmdline(pid) and _zygote_itself(pid):
+            continue  # the zygote: the workers it forks (same command line, same environ) are the ranks
         count += 1
     return count
 

@@ -102,6 +102,9 @@ class RunRecord:
     #: The console of a detached run (a file in the run dir), else empty.
     console: str = ""
     detached: bool = False
+    #: A detached SSH run: where its head lives and how to reach it again (host, address, port,
+    #: user, key and known_hosts *file names*, the interpreter, its registry and console there).
+    head: dict[str, Any] = field(default_factory=dict)
 
     def identity(self) -> ProcessIdentity | None:
         """The recorded launcher as procid takes it; None when there is none or it is malformed."""
@@ -199,7 +202,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "started": (int, float), "ended": (int, float, type(None)), "attempts": (int,),
     "exit_code": (int, type(None)), "root_cause": (str,), "goodput": (int, float, type(None)),
     "stop_requested": (int, float, type(None)), "scheduler_options": (dict,), "console": (str,),
-    "detached": (bool,),
+    "detached": (bool,), "head": (dict,),
 }
 
 

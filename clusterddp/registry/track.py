@@ -21,13 +21,19 @@ from clusterddp.validate import clip
 
 
 def _warn(what: str, exc: Exception) -> None:
-    print(f"clusterddp: warning: the run registry: {what}: {clip(str(exc), 300)}", file=sys.stderr)
+    """One line; a stderr that cannot take it either (a detached run's console on the same
+    full disk) loses the line, never the run's exit code."""
+    try:
+        print(f"clusterddp: warning: the run registry: {what}: {clip(str(exc), 300)}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def begin(target: str, run_id: str, job: str, run_dir: str, *, job_file: str | None = None,
           hosts: list[str] | None = None, job_id: str = "", where: str = "", state: str = "running",
           scheduler_options: Mapping[str, Any] | None = None, launcher: bool = True, console: str = "",
-          detached: bool = False, env: Mapping[str, str] | None = None) -> store.RunRecord | None:
+          detached: bool = False, env: Mapping[str, str] | None = None,
+          head: Mapping[str, Any] | None = None) -> store.RunRecord | None:
     """Record a run that starts now (``launcher``: this process answers for it)."""
     record = store.RunRecord(
         run_id=run_id, target=target, job=job, run_dir=os.path.abspath(run_dir) if run_dir else "",
@@ -35,7 +41,7 @@ def begin(target: str, run_id: str, job: str, run_dir: str, *, job_file: str | N
         hosts=list(hosts) if hosts is not None else [socket.gethostname()], job_id=job_id, where=where,
         state=state, launcher=store.launcher_record(this_process()) if launcher else None,
         started=store.now(), scheduler_options=dict(scheduler_options or {}), console=console,
-        detached=detached)
+        detached=detached, head=dict(head or {}))
     try:
         store.save(record, env)
     except (WriteError, ClusterDDPError, OSError) as exc:

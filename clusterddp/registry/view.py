@@ -67,6 +67,9 @@ def live(record: RunRecord, goodput: Goodput | None = None) -> Row:
     row = Row(record, record.state, attempts=record.attempts, goodput=record.goodput, root_cause=record.root_cause)
     if record.state in FINAL or record.target not in ("local", "ssh"):
         return row
+    if record.head:  # a detached SSH head: its host answers (launch.remotehead), not this one
+        row.note = f"its head runs on {record.head.get('host', '?')}: asked over SSH"
+        return row
     identity = record.identity()
     why = why_not_running(identity) if identity is not None else "the record names no launcher"
     if why is None and identity is not None and zombie(identity.pid):
@@ -159,9 +162,7 @@ def merge(rows: list[Row], refreshed: Mapping[str, Mapping[str, Any]]) -> None:
         if not change:
             continue
         for key, value in change.items():
-            if key == "state":
-                row.state = value
-            elif key == "root_cause":
-                row.root_cause = value
+            if key in ("state", "root_cause", "note", "attempts", "goodput"):
+                setattr(row, key, value)
             elif hasattr(row.record, key):
                 setattr(row.record, key, value)

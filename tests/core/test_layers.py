@@ -242,7 +242,7 @@ LAUNCH_ORDER: tuple[frozenset[str], ...] = (
     frozenset({"restart"}),
     frozenset({"supervise"}),
     frozenset({"ssh"}),
-    frozenset({"local", "doctor"}),
+    frozenset({"local", "doctor", "remotehead"}),
     frozenset({"run"}),
 )
 #: The most modules a package of ``launch`` holds: a newcomer reads its map at a glance.

@@ -161,6 +161,14 @@ def main() -> int:
         listing = EMPTY_LIST if SCENARIO in MISSING else {"apiVersion": "v1", "items": items, "kind": "List",
                                                           "metadata": {"resourceVersion": ""}}
         json_out(listing)
+    elif verb == "get" and (len(after) < 2 or after[1].startswith("-")):
+        # ``get KIND[,KIND] -o json``: every object of those kinds in the namespace, in kubectl's
+        # List (as EMPTY_LIST, recorded); the objects from the file FAKE_KUBECTL_LIST names.
+        listed = os.environ.get("FAKE_KUBECTL_LIST")
+        with open(listed, encoding="utf-8") if listed else open(os.devnull, encoding="utf-8") as source:
+            objects = json.loads(source.read() or "[]")
+        kinds = {singular(k).split(".")[0] for k in after[0].split(",")}
+        json_out({**EMPTY_LIST, "items": [o for o in objects if str(o.get("kind", "")).lower() in kinds]})
     elif verb == "get":
         # Complete once every pod of the last attempt had its log read (its container ended).
         pods = {str(p["metadata"]["name"]) for p in pods_now(os.environ["FAKE_KUBECTL_LOG"])}  # type: ignore[index]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 from server_rules import server_errors
@@ -50,6 +51,33 @@ class FakeOpenPAI:
     terse: bool = False
     released: threading.Event = field(default_factory=threading.Event)
     url: str = ""
+    #: ``GET /api/v2/jobs?...`` answered so far (``clusterddp ls`` asks once per user).
+    list_calls: int = 0
+
+
+#: The framework controller's state behind each REST state (k8s.js ``convertState``, inverted).
+SUB_STATES = {"WAITING": "AttemptCreationPending", "RUNNING": "AttemptRunning", "STOPPING": "AttemptDeletionPending",
+              "SUCCEEDED": "Completed", "FAILED": "Completed", "STOPPED": "Completed"}
+
+
+def summary(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
+    """One job as the real list answers it (``convertFrameworkSummary``): a job not completed
+    has ``completedTime`` 0 (``new Date(null).getTime()``); ``totalGpuNumber`` is an annotation,
+    so a string."""
+    import hashlib
+
+    status = job["jobStatus"]
+    done = status["state"] in ("SUCCEEDED", "FAILED", "STOPPED")
+    retries = status.get("retries", 0)
+    tasks = [t for role in job["taskRoles"].values() for t in role["taskStatuses"]]
+    return {"debugId": hashlib.md5(job_id.encode()).hexdigest(), "name": job["name"], "username": status["username"],
+            "state": status["state"], "subState": SUB_STATES.get(status["state"], "AttemptRunning"),
+            "executionType": status["executionType"], "retries": retries,
+            "retryDetails": {"user": retries, "platform": 0, "resource": 0},
+            "retryDelayTime": 10 if status["state"] == "WAITING" and retries else None,
+            "createdTime": job["createdTime"], "completedTime": job["createdTime"] + 1000 if done else 0,
+            "appExitCode": status["appExitCode"], "virtualCluster": status["virtualCluster"],
+            "totalGpuNumber": "0", "totalTaskNumber": len(tasks), "totalTaskRoleNumber": len(job["taskRoles"])}
 
 
 def _handler(state: FakeOpenPAI) -> type[BaseHTTPRequestHandler]:
@@ -61,8 +89,10 @@ def _handler(state: FakeOpenPAI) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             return self.rfile.read(length).decode("utf-8") if length else ""
 
-        def _send(self, status: int, data: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
-            payload = json.dumps(data or {}).encode()
+        def _send(self, status: int, data: Any = None, headers: dict[str, str] | None = None,
+                  compact: bool = False) -> None:
+            payload = (json.dumps(data, separators=(",", ":"), ensure_ascii=False) if compact
+                       else json.dumps(data or {})).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
@@ -89,6 +119,8 @@ def _handler(state: FakeOpenPAI) -> type[BaseHTTPRequestHandler]:
                 return
             if method == "POST" and self.path == f"{PREFIX}/jobs":
                 self._submit(body)
+            elif method == "GET" and urlsplit(self.path).path == f"{PREFIX}/jobs":
+                self._list(parse_qs(urlsplit(self.path).query))
             elif method == "GET" and self.path.startswith(f"{PREFIX}/jobs/"):
                 self._status(self.path[len(PREFIX) + 6:])
             elif method == "PUT" and self.path.startswith(f"{PREFIX}/jobs/") and self.path.endswith("/executionType"):
@@ -115,7 +147,7 @@ def _handler(state: FakeOpenPAI) -> type[BaseHTTPRequestHandler]:
                 return
             role, info = next(iter(spec["taskRoles"].items()))
             state.jobs[job_id] = {
-                "name": spec["name"],
+                "name": spec["name"], "createdTime": int(time.time() * 1000),
                 "jobStatus": {"username": state.user, "state": "RUNNING", "retries": 0, "appExitCode": None,
                               "executionType": "START", "virtualCluster": vc},
                 "taskRoles": {role: {"taskStatuses": [
@@ -131,6 +163,15 @@ def _handler(state: FakeOpenPAI) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "NoJobError", f"Job {unquote(job_id)} is not found.")
                 return
             self._send(200, job)
+
+        def _list(self, query: dict[str, list[str]]) -> None:
+            """``GET /api/v2/jobs?username=A,B``: the real server's summaries (rest-server
+            models/v2/job/k8s.js ``convertFrameworkSummary``: these keys in this order, newest
+            first, written by Express's ``res.json``: compact JSON)."""
+            users = ",".join(query.get("username", [])).split(",") if "username" in query else None
+            state.list_calls += 1
+            self._send(200, [summary(job_id, job) for job_id, job in reversed(state.jobs.items())
+                             if users is None or job["jobStatus"]["username"] in users], compact=True)
 
         def _stop(self, job_id: str, body: str) -> None:
             job = state.jobs.get(unquote(job_id))

@@ -26,7 +26,7 @@ LineHandler = Callable[["RemoteLauncher", str, bytes], None]
 class RemoteLauncher(HostState):
     """The launcher on one host, as the head sees it: its state plus its session and log."""
 
-    def __init__(self, session: HostSession, plan: LaunchPlan, log: BinaryIO) -> None:
+    def __init__(self, session: HostSession, plan: LaunchPlan, log: "HostLog") -> None:
         super().__init__(name=session.host.name, address=session.host.address, node_rank=plan.node_rank)
         self.session = session
         self.plan = plan
@@ -44,6 +44,43 @@ class RemoteLauncher(HostState):
     @property
     def channel(self) -> Any:
         return self.session.channel
+
+
+class HostLog:
+    """The head's copy of one host's output (``ssh-<host>.log``): best effort, as a rank's log
+    is (observe/logs.py). A file that cannot be opened or written (a full disk, EIO, a
+    read-only directory) is dropped with one line on the console; the run goes on, the
+    host's own logs and the console keep its output."""
+
+    def __init__(self, path: str, console: "Console") -> None:
+        self.path = path
+        self.console = console
+        self.file: BinaryIO | None = None
+        try:
+            self.file = open(path, "ab")
+        except OSError as exc:
+            self._drop(exc)
+
+    def write(self, data: bytes) -> int:
+        if self.file is not None:
+            try:
+                self.file.write(data)
+            except OSError as exc:
+                self._drop(exc)
+        return len(data)
+
+    def close(self) -> None:
+        file, self.file = self.file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass  # what was still buffered is lost with the disk that could not take it
+
+    def _drop(self, exc: OSError) -> None:
+        self.close()
+        self.console.say(f"warning: cannot write {self.path} ({exc.strerror or exc}): the head's copy of that "
+                         "host's output stops here; the run goes on")
 
 
 class Console:
@@ -94,9 +131,14 @@ class Console:
         self._write(self.stdout, text.encode("utf-8", "replace"))
 
     def _write(self, stream: BinaryIO, data: bytes) -> None:
+        """A console that cannot take the line (a detached head's console file on a full
+        disk, a terminal gone) loses it, never the run (as a launcher's, observe/logs.py)."""
         with self._lock:
-            stream.write(mask(data))
-            stream.flush()
+            try:
+                stream.write(mask(data))
+                stream.flush()
+            except OSError:
+                pass
 
     def relay(self, launcher: RemoteLauncher, stream: str, line: bytes) -> None:
         """A host's line on the head's matching stream; the launcher's own messages (not

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from clusterddp.launch.ssh import io
 from clusterddp.launch.ssh.attempt import Launch, Start
 from clusterddp.launch.ssh.headlog import Gatherer, HeadLog
-from clusterddp.launch.ssh.io import RemoteLauncher, restart_hosts, start_hosts
+from clusterddp.launch.ssh.io import HostLog, RemoteLauncher, restart_hosts, start_hosts
 from clusterddp.launch.ssh.outcome import Outcome, format_outcome
 from clusterddp.launch.ssh.relay import Relay
 from clusterddp.protocol import STACKS_REQUEST_SIGNAL, STOP_SIGNALS, restart_marker, write_launcher_file
@@ -85,7 +85,8 @@ def _launchers(launch: Launch, start: Start, number: int, log_dir: Path) -> list
     """Every chosen host as the head follows it, each with the head's copy of its output (a
     restart marker first on a restart), and the run's launcher.json, before any host starts."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    launchers = [RemoteLauncher(session=s, plan=p, log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
+    launchers = [RemoteLauncher(session=s, plan=p, log=HostLog(str(log_dir / f"ssh-{s.host.name}.log"),
+                                                               launch.console))
                  for s, p in zip(start.sessions, start.plans)]
     if number:
         for launcher in launchers:
@@ -126,8 +127,8 @@ def release_launchers(launch: Launch, start: Start, signum: int | None, gatherer
         return []
     log_dir = Path(launch.job.logs.dir) / launch.run_id
     plans = {plan.host: plan for plan in start.plans}
-    ending = [RemoteLauncher(session=s, plan=plans[s.host.name], log=open(log_dir / f"ssh-{s.host.name}.log", "ab"))
-              for s in sessions]
+    ending = [RemoteLauncher(session=s, plan=plans[s.host.name],
+                             log=HostLog(str(log_dir / f"ssh-{s.host.name}.log"), launch.console)) for s in sessions]
     try:
         relay = Relay(ending, launch.console, launch.settings, grace_period=launch.job.grace_period,
                       keepalive_interval=launch.keepalive_interval)

@@ -25,7 +25,9 @@ from typing import IO, Any, Mapping, Sequence
 
 from clusterddp.errors import ClusterDDPError
 from clusterddp.redact import register_present, scrub
+from clusterddp.registry.store import RunRecord
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, Submitted
+from clusterddp.schedulers.common import keep_final
 from clusterddp.schedulers.kubernetes.follow import Follow, PodState, finished
 from clusterddp.schedulers.kubernetes.launcher import configmap_name
 from clusterddp.schedulers.kubernetes.render import render_documents
@@ -214,6 +216,12 @@ class KubernetesScheduler(Scheduler[KubernetesOptions]):
 
     def logs(self, options: KubernetesOptions, env: Mapping[str, str]) -> int:
         return logs(options, env)
+
+    def refresh(self, records: Sequence[RunRecord], env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """One ``kubectl get KINDS -o json`` per context and namespace, for all their runs."""
+        changes = refresh(records, env)
+        keep_final(records, changes)
+        return changes
 
 
 @dataclass(frozen=True)
@@ -435,6 +443,65 @@ def status(options: KubernetesOptions, env: Mapping[str, str]) -> Status:
     kind = obj.get("kind", flavor)
     return Status(escape_controls(kind if isinstance(kind, str) else flavor)[:100], name, object_phase(obj),
                   tuple(pods_of(base_argv(options), flavor, name, env)))
+
+
+#: The last condition that holds, as the registry's state (TrainJob: Complete/Failed/Suspended;
+#: JobSet: Completed/Failed/Suspended; PyTorchJob: Created/Running/Restarting/Succeeded/Failed).
+CONDITION_STATES = {"Complete": "finished", "Completed": "finished", "Succeeded": "finished", "Failed": "failed",
+                    "Restarting": "restarting", "Suspended": "pending"}
+
+
+def refresh(records: Sequence[RunRecord], env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """run id -> changed fields, from one ``kubectl [--context C] [--namespace N] get
+    KIND1,KIND2 -o json`` per context and namespace (every kind its runs use, one List)."""
+    groups: dict[tuple[str, str], list[tuple[RunRecord, str, str]]] = {}
+    for record in records:
+        kind, _, name = record.job_id.rpartition("/")
+        flavor = kind.split(".", 1)[0].lower() if kind else str(record.scheduler_options.get("flavor") or "trainjob")
+        if flavor in RESOURCES and name:
+            place_of = (str(record.scheduler_options.get("context") or ""),
+                        str(record.scheduler_options.get("namespace") or ""))
+            groups.setdefault(place_of, []).append((record, flavor, name))
+    changes: dict[str, dict[str, Any]] = {}
+    for (context, namespace), group in groups.items():
+        options = KubernetesOptions(action="status", context=context or None, namespace=namespace or None)
+        kinds = ",".join(sorted({RESOURCES[flavor] for _, flavor, _ in group}))
+        try:
+            listing = parse_json(run_kubectl([*base_argv(options), "get", kinds, "-o", "json"], env))
+            found = {(text(mapping(obj, "an object").get("kind")).lower(),
+                      text(mapping(mapping(obj, "an object").get("metadata"), "an object's metadata").get("name"))): obj
+                     for obj in items(listing.get("items"), "the list's items")}
+        except ClusterDDPError as exc:
+            note = f"not checked: {clip(exc.message, 200)}"
+            changes.update({record.run_id: {"note": note} for record, _, _ in group})
+            continue
+        for record, flavor, name in group:
+            obj = found.get((flavor, name))
+            if obj is not None:
+                changes[record.run_id] = object_change(obj)
+            elif record.stop_requested is not None:  # 'clusterddp stop' deleted it
+                changes[record.run_id] = {"state": "stopped"}
+            else:
+                changes[record.run_id] = {"note": f"kubectl lists no {flavor} {name} in {place(options)}"}
+    return changes
+
+
+def object_change(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object of the list as record fields: the state its last condition that holds says
+    (none yet: pending; one that says nothing of the end: running), attempts from a JobSet's
+    ``status.restarts``; an object of another shape is a note."""
+    try:
+        status = mapping(obj.get("status"), "the object's status")
+        held = [c for c in items(status.get("conditions"), "status.conditions")
+                if isinstance(c, dict) and c.get("status") == "True"]
+    except ClusterDDPError as exc:
+        return {"note": clip(exc.message, 200)}
+    state = CONDITION_STATES.get(text(held[-1].get("type")), "running") if held else "pending"
+    change: dict[str, Any] = {"state": state}
+    restarts = status.get("restarts")
+    if type(restarts) is int and restarts >= 0:
+        change["attempts"] = restarts + 1
+    return change
 
 
 def pods_of(base: Sequence[str], flavor: str, name: str, env: Mapping[str, str]) -> list[PodState]:

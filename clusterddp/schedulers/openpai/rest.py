@@ -147,6 +147,17 @@ class OpenPAIClient:
                               "other than a JSON object")
         return data
 
+    def jobs_of(self, username: str) -> list[dict[str, Any]]:
+        """Every job of ``username``, one summary each (``name``, ``username``, ``state``,
+        ``retries``, ``appExitCode``...): ``GET /api/v2/jobs?username=USER``, one call for all."""
+        reply = self._request("GET", "/api/v2/jobs?" + urllib.parse.urlencode({"username": username}),
+                              job=f"{username}'s jobs")
+        data = reply.json()
+        if not isinstance(data, list):
+            raise SubmitError(f"OpenPAI at {self.url} answered the list of {username}'s jobs with something "
+                              "other than a JSON array")
+        return [job for job in data if isinstance(job, dict)]
+
     def stop(self, job_id: str) -> None:
         """Ask OpenPAI to stop the job (it moves to STOPPING, then STOPPED)."""
         body = json.dumps({"value": "STOP"}).encode()

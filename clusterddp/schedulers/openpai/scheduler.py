@@ -12,11 +12,13 @@ import json
 import sys
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from clusterddp.errors import SubmitError
+from clusterddp.errors import ClusterDDPError, SubmitError
+from clusterddp.registry.store import RunRecord
 from clusterddp.redact import scrub
 from clusterddp.schedulers.api import Flag, RenderedRequest, Scheduler, Submitted, seconds
+from clusterddp.schedulers.common import keep_final
 from clusterddp.schedulers.openpai.render import render_openpai
 from clusterddp.schedulers.openpai.rest import (
     TOKEN_ENV,
@@ -111,6 +113,31 @@ class OpenPAIScheduler(Scheduler[OpenPAIOptions]):
     def status(self, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
         return _status(_client(options, env), str(options.job_id), options.json)
 
+    def refresh(self, records: Sequence[RunRecord], env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """One ``GET /api/v2/jobs?username=USER`` per cluster and user, for all their runs."""
+        groups: dict[tuple[str, str, float, str], list[RunRecord]] = {}
+        for record in records:
+            user, _, name = record.job_id.partition("~")
+            options = record.scheduler_options
+            if name and options.get("url"):
+                key = (str(options["url"]), str(options.get("token_file") or ""),
+                       float(options.get("timeout") or 30.0), user)
+                groups.setdefault(key, []).append(record)
+        changes: dict[str, dict[str, Any]] = {}
+        for (url, token_file, timeout, user), group in groups.items():
+            try:
+                listed = OpenPAIClient(url, read_token(token_file or None, env), timeout=timeout).jobs_of(user)
+            except ClusterDDPError as exc:
+                changes.update({r.run_id: {"note": f"not checked: {scrub(exc.message)}"} for r in group})
+                continue
+            found = {str(job.get("name")): job for job in listed if job.get("username", user) == user}
+            for record in group:
+                job = found.get(record.job_id.partition("~")[2])
+                changes[record.run_id] = (job_change(job) if job is not None else
+                                          {"note": f"OpenPAI at {base_url(url)} does not list {record.job_id}"})
+        keep_final(records, changes)
+        return changes
+
     def stop(self, options: OpenPAIOptions, env: Mapping[str, str]) -> int:
         job_id = str(options.job_id)
         _client(options, env).stop(job_id)
@@ -173,3 +200,26 @@ def status_lines(job_id: str, data: dict[str, Any]) -> list[str]:
                 parts.append(f"exit code {task['containerExitCode']}")
             lines.append(" ".join(parts))
     return lines
+
+
+#: OpenPAI's job states (``convertState`` of its REST server) as the registry's.
+STATES = {"WAITING": "pending", "RUNNING": "running", "STOPPING": "running", "SUCCEEDED": "finished",
+          "FAILED": "failed", "STOPPED": "stopped"}
+
+
+def job_change(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A job summary of ``GET /api/v2/jobs`` as record fields: its state (WAITING after a retry
+    is ``restarting``: the job waits for its next attempt), attempts (retries + 1), the exit
+    code once it is over; an unknown state changes nothing."""
+    retries = job.get("retries")
+    retries = retries if type(retries) is int and retries >= 0 else 0
+    state = STATES.get(str(job.get("state")))
+    if state is None:
+        return {"note": f"OpenPAI says {scrub(str(job.get('state')))[:40]}"}
+    if state == "pending" and retries:
+        state = "restarting"
+    change: dict[str, Any] = {"state": state, "attempts": retries + 1}
+    code = job.get("appExitCode")
+    if state in ("finished", "failed", "stopped") and type(code) is int:
+        change["exit_code"] = code
+    return change
