@@ -101,10 +101,8 @@ class _Tally:
 
 def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                     criterion: Criterion, ctx: DistContext, *, epoch: int, amp: Amp,
-                    start: TrainState | None = None,
-                    preemption: PreemptionHandler | None = None,
-                    show_progress: bool | None = None, global_step: int | None = None,
-                    save_every: int = 0,
+                    start: TrainState | None = None, preemption: PreemptionHandler | None = None,
+                    show_progress: bool | None = None, global_step: int | None = None, save_every: int = 0,
                     save: Callable[[TrainState], Any] | None = None,
                     save_due: Callable[[int], bool] | None = None) -> EpochResult:
     """Run the loader's remaining batches; stop early, after a whole step, on preemption.
@@ -116,17 +114,13 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     every rank together at most one step after the bad loss (whose update was skipped on
     the device), and a preemption agreed at step k ends the epoch after step k+1.
 
-    ``global_step`` numbers the steps across epochs for the progress record (the report
-    counts redone steps with it); with ``save`` and ``save_every``, every step whose global
-    number is a multiple of it (and is not the epoch's last) is checkpointed: the pending
-    verdicts are read first, so no checkpoint holds an update after a non-finite loss.
+    ``global_step`` numbers the steps across epochs (the report counts redone steps by it); with
+    ``save``, each step ``save_due`` (or ``save_every``) names, but the epoch's last, is
+    checkpointed after the pending verdicts: none holds an update after a non-finite loss.
     """
     model.train()
     step = start.step if start else 0
-    try:
-        epoch_steps: int | None = step + len(loader)
-    except TypeError:
-        epoch_steps = None
+    epoch_steps = _epoch_steps(loader, step)
     numbered = global_step if global_step is not None else 0
     tally = _Tally(step, start.loss_sum if start else 0.0)
     agreement = StepAgreement(ctx)
@@ -134,15 +128,12 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     try:
         for inputs, targets in bar:
             began = time.perf_counter()  # the batch is in hand: the rank's own work begins
-            inputs, targets = move_to(inputs, ctx.device), move_to(targets, ctx.device)
-            settle_buckets(model, inputs, amp.autocast)  # once: a resumed step sums as any other
-            with amp.autocast():
-                loss = criterion(model(inputs), targets)
+            loss = _forward(model, criterion, amp, move_to(inputs, ctx.device), move_to(targets, ctx.device))
             agreement.start(loss, preemption is not None and preemption.requested,
                             epoch=epoch, step=step)
             optimizer.zero_grad(set_to_none=True)
-            # Own work so far: forward and loss (the agreement's all-reduce is only launched).
-            # Backward is left out: under DDP it ends waiting for the gradient all-reduce.
+            # Own work so far: forward and loss (the agreement's all-reduce is only launched);
+            # not backward: under DDP it ends waiting for the gradient all-reduce.
             compute = time.perf_counter() - began
             amp.backward(loss)
             skip = agreement.land()
@@ -154,12 +145,10 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
             heartbeat(step=numbered if global_step is not None else None,
                       compute_s=compute + time.perf_counter() - updating)
             if tally.read:  # host values only: the bar adds no sync
-                bar.set_description(f"epoch {epoch} loss {tally.loss_sum / tally.read:.4f}",
-                                    refresh=False)
+                bar.set_description(f"epoch {epoch} loss {tally.loss_sum / tally.read:.4f}", refresh=False)
             if tally.preempt:
                 break
-            due = save_due(numbered) if save_due is not None else (
-                save_every > 0 and numbered % save_every == 0)
+            due = save_due(numbered) if save_due is not None else save_every > 0 and numbered % save_every == 0
             if save is not None and due and step != epoch_steps:
                 tally.add(agreement.settle(keep=0, stopped_at=step))
                 if tally.preempt:
@@ -168,9 +157,22 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         tally.add(agreement.settle(keep=0, stopped_at=step))
     finally:
         bar.close()
-    mean = tally.loss_sum / step if step else float("nan")
-    return EpochResult(epoch=epoch, mean_loss=mean, steps_done=step, loss_sum=tally.loss_sum,
-                       preempted=tally.preempt)
+    return EpochResult(epoch=epoch, mean_loss=tally.loss_sum / step if step else float("nan"), steps_done=step,
+                       loss_sum=tally.loss_sum, preempted=tally.preempt)
+
+
+def _epoch_steps(loader: DataLoader, done: int) -> int | None:
+    """The epoch's last step (``done`` already run), or None for a loader without a length."""
+    try:
+        return done + len(loader)
+    except TypeError:
+        return None
+
+
+def _forward(model: nn.Module, criterion: Criterion, amp: Amp, inputs: Any, targets: Any) -> torch.Tensor:
+    settle_buckets(model, inputs, amp.autocast)  # once: a resumed step sums as any other
+    with amp.autocast():
+        return criterion(model(inputs), targets)
 
 
 def resolve_resume(config: FitConfig, ctx: DistContext | None = None) -> Path | None:
@@ -332,19 +334,12 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
     with ``resume="auto"`` continues from the interrupted step.
     """
     amp = Amp(ctx.device, enabled=config.amp)
-    state = TrainState()
-    resume_from = resolve_resume(config, ctx)
-    if resume_from is not None:
-        state, _ = load_checkpoint(resume_from, ctx, model=model, optimizer=optimizer,
-                                   scheduler=scheduler, amp=amp)
-        _say(ctx, f"resumed from {resume_from} at epoch {state.epoch} step {state.step}")
-        state = _rescale(state, ctx, train_loader)
+    state = _resumed(model, optimizer, scheduler, amp, train_loader, ctx, config)
     checkpointer = (Checkpointer(config.checkpoint_dir, ctx, mode=config.checkpoint_mode,
                                  keep=config.keep_checkpoints, job=config.job_name)
                     if config.checkpoint_dir else None)
     result = FitResult(start_epoch=state.epoch)
     global_step = state.global_step
-
     auto = (AutoInterval(ctx, checkpointer, config, global_step)
             if checkpointer is not None and config.checkpoint_every == "auto" else None)
 
@@ -378,15 +373,8 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
                 _leave_preempted(ctx, handler, epoch, trained.steps_done, save(where, wait=True))
             if scheduler is not None:
                 scheduler.step()
-            metrics = {"train/loss": trained.mean_loss,
-                       "train/lr": optimizer.param_groups[0]["lr"]}
-            line = f"epoch {epoch + 1}/{config.epochs}: train loss {trained.mean_loss:.4f}"
-            if eval_loader is not None:
-                evaluated = evaluate(model, eval_loader, ctx, criterion=criterion, amp=amp)
-                metrics["eval/loss"] = evaluated.mean_loss
-                metrics["eval/accuracy"] = evaluated.accuracy
-                line += (f", eval loss {evaluated.mean_loss:.4f}, accuracy "
-                         f"{evaluated.accuracy:.4f} ({evaluated.correct}/{evaluated.total})")
+            metrics, line = _epoch_metrics(model, optimizer, criterion, amp, ctx, trained, eval_loader,
+                                           f"epoch {epoch + 1}/{config.epochs}")
             scalars.log(metrics, epoch + 1)
             _say(ctx, line)
             result.history.append(metrics)
@@ -394,9 +382,40 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, train_loader: DataLo
         if checkpointer is not None:  # the last save is waited for, and its failure raised
             checkpointer.wait(raise_on_failure=True)
     finally:
-        if handler is not None:
-            handler.uninstall()
-        if checkpointer is not None:
-            checkpointer.close()
-        scalars.close()
+        _close(handler, checkpointer, scalars)
     return result
+
+
+def _close(handler: PreemptionHandler | None, checkpointer: Checkpointer | None, scalars: ScalarLogger) -> None:
+    """What ``fit`` holds, let go whatever ended it: the signal handlers, the writer, the scalars."""
+    if handler is not None:
+        handler.uninstall()
+    if checkpointer is not None:
+        checkpointer.close()
+    scalars.close()
+
+
+def _resumed(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, amp: Amp,
+             train_loader: DataLoader, ctx: DistContext, config: FitConfig) -> TrainState:
+    """Where training starts: the checkpoint ``config.resume`` names, loaded, or the beginning."""
+    resume_from = resolve_resume(config, ctx)
+    if resume_from is None:
+        return TrainState()
+    state, _ = load_checkpoint(resume_from, ctx, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp)
+    _say(ctx, f"resumed from {resume_from} at epoch {state.epoch} step {state.step}")
+    return _rescale(state, ctx, train_loader)
+
+
+def _epoch_metrics(model: nn.Module, optimizer: torch.optim.Optimizer, criterion: Criterion, amp: Amp,
+                   ctx: DistContext, trained: EpochResult, eval_loader: DataLoader | None,
+                   title: str) -> tuple[dict[str, float], str]:
+    """The epoch's scalars (with an evaluation when there is an eval loader) and its line."""
+    metrics = {"train/loss": trained.mean_loss, "train/lr": optimizer.param_groups[0]["lr"]}
+    line = f"{title}: train loss {trained.mean_loss:.4f}"
+    if eval_loader is not None:
+        evaluated = evaluate(model, eval_loader, ctx, criterion=criterion, amp=amp)
+        metrics["eval/loss"] = evaluated.mean_loss
+        metrics["eval/accuracy"] = evaluated.accuracy
+        line += (f", eval loss {evaluated.mean_loss:.4f}, accuracy "
+                 f"{evaluated.accuracy:.4f} ({evaluated.correct}/{evaluated.total})")
+    return metrics, line
