@@ -82,7 +82,7 @@ def test_dead_host_restarts_job_on_live_hosts_from_checkpoint(lab4: SSHLab, head
         except ProcessLookupError:
             pass
     restarted = _wait_stderr(head, r"restart 1: 3 host\(s\) cdssh1,cdssh2,cdssh3 \(world size 3\)")
-    resumed_line = head.wait_for(r"resumed from .*last\.pt at epoch \d+", timeout=120)[0]
+    resumed_line = head.wait_for(r"resumed from .*ckpt-\d+\.pt at epoch \d+", timeout=120)[0]
     resumed = time.monotonic()
     code = head.finish(240)
     stderr = "\n".join(head.stderr)
@@ -115,7 +115,7 @@ def test_killed_launcher_restarts_on_all_four_hosts(lab4: SSHLab, head_factory, 
     killed = time.monotonic()
     os.kill(_launcher_pid(lab4, "cdssh4"), signal.SIGKILL)
     restarted = _wait_stderr(head, r"restart 1: 4 host\(s\) cdssh1,cdssh2,cdssh3,cdssh4 \(world size 4\)")
-    head.wait_for(r"resumed from .*last\.pt at epoch", timeout=120)
+    head.wait_for(r"resumed from .*ckpt-\d+\.pt at epoch", timeout=120)
     code = head.finish(240)
     assert code == 0, head.output()
     stderr = "\n".join(head.stderr)
